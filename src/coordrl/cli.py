@@ -1,0 +1,202 @@
+"""The `coordrl` command.
+
+Subcommands: ``data build``, ``data sweep``, ``data show``, and ``demo`` (the README's main job).
+Errors a user can fix (bad flags, bad records, missing files) print one line naming the problem and
+exit with status 2; they never dump a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from coordrl import __version__
+from coordrl.data.errors import DataError
+
+
+class UsageError(ValueError):
+    """A flag combination that cannot work; reported like a data error."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _str_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _add_source_flags(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--hotpotqa", metavar="PATH|hub|sample", help="HotpotQA questions: official JSON path, 'hub', or 'sample' (shipped, default)")
+    src.add_argument("--2wikimultihopqa", dest="wiki2", metavar="PATH|hub|sample", help="2WikiMultiHopQA questions instead of HotpotQA")
+    p.add_argument("--pool", default="sample", metavar="PATH|split|sample", help="distractor paragraphs: JSONL path, 'split' (the questions' own paragraphs) or 'sample' (shipped, 26,616 paragraphs; default)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH|HUB_ID", help="tokenizer for token counts (default: coordrl's shipped tokenizer, offline)")
+    p.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    p.add_argument("--out", required=True, type=Path, help="output folder (a datasets dataset saved to disk, plus README.md)")
+    p.add_argument("--workers", type=_positive, default=1, help="worker processes; output is identical for any count (default 1)")
+    p.add_argument("--on-bad-record", choices=("error", "skip"), default="error", help="stop on a bad record (default) or skip and count it in the card")
+    p.add_argument("--jsonl", action="store_true", help="also write samples.jsonl")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+
+
+def _source(args: argparse.Namespace) -> tuple[str, str]:
+    if args.wiki2:
+        return args.wiki2, "2wikimultihopqa"
+    return args.hotpotqa or "sample", "hotpotqa"
+
+
+def _cmd_data_build(args: argparse.Namespace) -> int:
+    from coordrl.data.build import BuildConfig, build_dataset
+
+    source, dataset = _source(args)
+    if args.max_tokens is not None and args.num_paragraphs is not None:
+        raise UsageError("give --num-paragraphs or --max-tokens, not both")
+    cfg = BuildConfig(
+        source=source,
+        dataset=dataset,
+        pool=args.pool,
+        num_paragraphs=None if args.max_tokens else (args.num_paragraphs or 200),
+        max_tokens=args.max_tokens,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        num_samples=args.num_samples,
+        shuffle=args.shuffle,
+        on_bad_record=args.on_bad_record,
+        jsonl=args.jsonl,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
+    t0 = time.perf_counter()
+    stats = build_dataset(cfg, args.out)
+    _print_stats(args.out, "train", stats, time.perf_counter() - t0)
+    return 0
+
+
+def _cmd_data_sweep(args: argparse.Namespace) -> int:
+    from coordrl.data.build import SweepConfig, build_sweep
+
+    source, dataset = _source(args)
+    cfg = SweepConfig(
+        source=source,
+        dataset=dataset,
+        pool=args.pool,
+        questions=args.questions,
+        lengths=args.lengths,
+        controls=args.controls,
+        control_length=args.control_length,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        on_bad_record=args.on_bad_record,
+        jsonl=args.jsonl,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
+    t0 = time.perf_counter()
+    manifest = build_sweep(cfg, args.out)
+    for sub in manifest["subsets"]:
+        _print_stats(args.out / sub["folder"], sub["variant"], sub["stats"], None)
+    print(f"sweep written to {args.out} in {time.perf_counter() - t0:.1f} s (manifest: sweep.json, card: README.md)")
+    return 0
+
+
+def _print_stats(folder: Path, name: str, s: dict, seconds: float | None) -> None:
+    p, t = s["paragraphs"], s["tokens"]
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(
+        f"{name}: {s['samples']} samples ({s['unique_questions']} questions) -> {folder}{took}\n"
+        f"  paragraphs min/mean/max {p['min']}/{p['mean']}/{p['max']}; "
+        f"tokens min/median/mean/max {t['min']}/{t['median']}/{t['mean']}/{t['max']}; total {s['total_tokens']:,}\n"
+        f"  gold paragraphs per tenth of the document: {s['gold_position_deciles']}"
+    )
+
+
+def _cmd_data_show(args: argparse.Namespace) -> int:
+    from coordrl.data.show import show_sample
+
+    print(show_sample(args.data, args.index, max_chars=args.max_chars))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from coordrl.demo import run_demo
+
+    return run_demo(args.out, workers=args.workers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coordrl",
+        description="Train, evaluate and export coordinator policies for multi-agent long-document readers.",
+    )
+    parser.add_argument("--version", action="version", version=f"coordrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="the main job on embedded defaults (offline, CPU, minutes)")
+    demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
+    demo.add_argument("--workers", type=_positive, default=min(2, os.cpu_count() or 1))
+    demo.set_defaults(func=_cmd_demo)
+
+    data = sub.add_parser("data", help="build training sets and evaluation sweeps")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
+    data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
+
+    build = data_sub.add_parser("build", help="training set: each question's paragraphs plus pool distractors")
+    _add_source_flags(build)
+    build.add_argument("--num-paragraphs", type=_positive, default=None, help="paragraphs per sample (default 200)")
+    build.add_argument("--max-tokens", type=_positive, default=None, help="fill to this many tokens instead (PARSER: about 28000)")
+    build.add_argument("--num-samples", type=_positive, default=None, help="samples to build (default: one per question; more reuses questions with fresh distractors)")
+    build.add_argument("--shuffle", choices=("uniform", "memagent"), default="uniform", help="uniform: every sample shuffled independently (default); memagent: the reference's fixed positions")
+    build.set_defaults(func=_cmd_data_build)
+
+    sweep = data_sub.add_parser("sweep", help="evaluation sweep: the same questions at every length, plus robustness controls")
+    _add_source_flags(sweep)
+    sweep.add_argument("--questions", type=_positive, default=128, help="questions, the same at every length (default 128)")
+    sweep.add_argument("--lengths", type=_int_list, default=[50, 100, 200, 400, 800, 1600, 3200, 6400], help="paragraph counts (default 50,100,...,6400)")
+    sweep.add_argument("--controls", type=_str_list, default=[], help="any of position,order,distance")
+    sweep.add_argument("--control-length", type=_positive, default=800, help="paragraphs in the control subsets (default 800)")
+    sweep.set_defaults(func=_cmd_data_sweep)
+
+    show = data_sub.add_parser("show", help="print one sample of a built dataset")
+    show.add_argument("data", type=Path, help="a dataset folder written by build (or one sweep subset)")
+    show.add_argument("--index", type=int, default=0)
+    show.add_argument("--max-chars", type=int, default=1500, help="context characters to print (default 1500)")
+    show.set_defaults(func=_cmd_data_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (DataError, UsageError) as e:
+        print(f"coordrl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("coordrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Packing one question into a long distractor context: a pure function of (inputs, seed, index).
+
+Every sample draws its randomness from its own generator seeded by ``(seed, stream, index)``, so a
+sample does not depend on which worker built it, in what order, or how many workers ran: builds are
+byte-identical across runs and worker counts (the reference recipe shared one RNG across forked
+workers). Shuffling is per sample, so gold paragraphs land uniformly over positions; the
+``memagent`` mode reproduces the reference's fixed ``Random(4)`` permutation for comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from coordrl.data.errors import BadRecordError, DataError
+from coordrl.data.layout import Paragraph, render_context
+from coordrl.data.pool import ParagraphPool
+from coordrl.data.records import QARecord
+from coordrl.data.tokens import TokenCounter
+
+SHUFFLE_MODES = ("uniform", "memagent")
+CONTROL_KINDS = ("position", "order", "distance")
+MEMAGENT_SHUFFLE_SEED = 4  # the reference seeds a fresh Random(4) for every sample
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A robustness control: where the gold paragraphs go instead of a random shuffle.
+
+    - ``position``: ``start`` | ``middle`` | ``end``; the gold paragraphs sit together there.
+    - ``order``: ``forward`` | ``reversed``; gold paragraphs evenly spread, in supporting-fact order
+      or reversed.
+    - ``distance``: an integer, the number of other paragraphs between consecutive gold paragraphs
+      (centred in the document; reduced when the document is too short, see `gold_positions`).
+    """
+
+    kind: str
+    value: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}={self.value}"
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """How long a sample is and how its paragraphs are ordered.
+
+    Exactly one of ``num_paragraphs`` (the count N, default recipe 200) and ``max_tokens`` (fill
+    with distractors while the context stays within this many tokens) is set.
+    """
+
+    num_paragraphs: int | None = 200
+    max_tokens: int | None = None
+    shuffle: str = "uniform"
+    placement: Placement | None = None
+
+    def __post_init__(self) -> None:
+        if (self.num_paragraphs is None) == (self.max_tokens is None):
+            raise DataError("give exactly one of --num-paragraphs and --max-tokens")
+        if self.num_paragraphs is not None and self.num_paragraphs < 1:
+            raise DataError(f"--num-paragraphs must be positive, got {self.num_paragraphs}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise DataError(f"--max-tokens must be positive, got {self.max_tokens}")
+        if self.shuffle not in SHUFFLE_MODES:
+            raise DataError(f"--shuffle must be one of {SHUFFLE_MODES}, got {self.shuffle!r}")
+        if self.placement is not None and self.placement.kind not in CONTROL_KINDS:
+            raise DataError(f"unknown control {self.placement.kind!r}; choose from {CONTROL_KINDS}")
+
+
+def sample_rng(seed: int, stream: str, index: int) -> random.Random:
+    """The generator of one sample. A hash, not ``seed + index``, so nearby seeds do not overlap."""
+    digest = hashlib.sha256(f"coordrl/{seed}/{stream}/{index}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def gold_positions(n: int, g: int, placement: Placement) -> list[int]:
+    """0-based positions for ``g`` gold paragraphs in a document of ``n`` paragraphs."""
+    if g > n:
+        raise DataError(f"{g} gold paragraphs do not fit in {n} paragraphs")
+    kind, value = placement.kind, placement.value
+    if kind == "position":
+        start = {"start": 0, "middle": (n - g) // 2, "end": n - g}.get(value)
+        if start is None:
+            raise DataError(f"position control takes start|middle|end, got {value!r}")
+        return list(range(start, start + g))
+    if kind == "order":
+        if value not in ("forward", "reversed"):
+            raise DataError(f"order control takes forward|reversed, got {value!r}")
+        spread = [round((i + 1) * n / (g + 1)) - 1 for i in range(g)]
+        return spread if len(set(spread)) == g and min(spread) >= 0 else list(range(g))
+    if kind == "distance":
+        try:
+            d = int(value)
+        except ValueError:
+            raise DataError(f"distance control takes an integer, got {value!r}") from None
+        if g > 1:
+            d = min(max(d, 0), (n - 1) // (g - 1) - 1)
+        span = (g - 1) * (d + 1) + 1
+        start = (n - span) // 2
+        return [start + i * (d + 1) for i in range(g)]
+    raise DataError(f"unknown control {kind!r}")
+
+
+def _order(items: list[Any], gold: list[Any], others: list[Any], spec: PackSpec, rng: random.Random) -> list[Any]:
+    if spec.placement is None:
+        if spec.shuffle == "memagent":
+            random.Random(MEMAGENT_SHUFFLE_SEED).shuffle(items)
+        else:
+            rng.shuffle(items)
+        return items
+    rng.shuffle(others)
+    if spec.placement.kind == "order" and spec.placement.value == "reversed":
+        gold = gold[::-1]
+    slots = gold_positions(len(items), len(gold), spec.placement)
+    out: list[Any] = [None] * len(items)
+    for pos, item in zip(slots, gold, strict=True):
+        out[pos] = item
+    rest = iter(others)
+    return [item if item is not None else next(rest) for item in out]
+
+
+def pack_sample(
+    record: QARecord,
+    record_costs: tuple[list[int], list[int]],
+    pool: ParagraphPool,
+    pool_costs: tuple[list[int], list[int]],
+    counter: TokenCounter,
+    spec: PackSpec,
+    *,
+    seed: int,
+    stream: str,
+    index: int,
+    sample_id: str,
+    variant: str = "",
+) -> dict[str, Any]:
+    """Build one sample. Fields are documented in `coordrl.data.schema.SAMPLE_FIELDS`."""
+    rng = sample_rng(seed, stream, index)
+    excluded = pool.excluded_for(record)
+    own = [(p, record_costs[0][i], record_costs[1][i]) for i, p in enumerate(record.paragraphs)]
+    pool_item = lambda j: (pool.paragraphs[j], pool_costs[0][j], pool_costs[1][j])  # noqa: E731
+
+    if spec.num_paragraphs is not None:
+        k = spec.num_paragraphs - len(own)
+        if k < 0:
+            raise BadRecordError(
+                record.id, "too_many_paragraphs", f"has {len(own)} paragraphs, more than N={spec.num_paragraphs}"
+            )
+        distractors = [pool_item(j) for j in pool.draw(k, excluded, rng, record.id)]
+    else:
+        budget = spec.max_tokens
+        used = counter.headers_total(len(own)) + sum(c for _, c, _ in own)
+        if used > budget:
+            raise BadRecordError(record.id, "over_budget", f"its own paragraphs take {used} tokens > {budget}")
+        distractors = []
+        for j in pool.iter_draws(excluded, rng):
+            cost = pool_costs[0][j] + counter.header(len(own) + len(distractors) + 1)
+            if used + cost > budget:
+                break
+            used += cost
+            distractors.append(pool_item(j))
+
+    gold_set = set(record.gold_titles)
+    gold = sorted((it for it in own if it[0].title in gold_set), key=lambda it: record.gold_titles.index(it[0].title))
+    others = [it for it in own if it[0].title not in gold_set] + distractors
+    ordered = _order(own + distractors, gold, others, spec, rng)
+
+    paragraphs: list[Paragraph] = [it[0] for it in ordered]
+    context, offsets = render_context(paragraphs)
+    if counter.additive:
+        num_tokens = counter.headers_total(len(ordered)) + sum(it[1] for it in ordered[:-1]) + ordered[-1][2]
+    else:
+        num_tokens = counter.count(context)
+    doc_of = {p.title: i for i, p in enumerate(paragraphs, start=1) if p.title in gold_set}
+    return {
+        "id": sample_id,
+        "source_id": record.id,
+        "dataset": record.dataset,
+        "type": record.type,
+        "question": record.question,
+        "answers": list(record.answers),
+        "context": context,
+        "doc_offsets": offsets,
+        "gold_titles": list(record.gold_titles),
+        "gold_documents": [doc_of[t] for t in record.gold_titles],
+        "supporting_facts": [{"title": t, "sent_id": s, "document": doc_of[t]} for t, s in record.supporting_facts],
+        "num_paragraphs": len(paragraphs),
+        "num_tokens": num_tokens,
+        "seed": seed,
+        "sample_index": index,
+        "variant": variant,
+    }

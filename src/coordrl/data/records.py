@@ -1,0 +1,256 @@
+"""Loading and validating multi-hop QA records (HotpotQA, 2WikiMultiHopQA).
+
+Sources, as given to ``--hotpotqa`` / ``--2wikimultihopqa``:
+
+- ``sample``: the real sample shipped with coordrl (offline).
+- a path to the official JSON (a list of records) or JSONL, optionally gzipped.
+- ``hub`` or ``hub:<repo_id>[@<split>]``: the Hugging Face hub through ``datasets`` (needs network).
+
+Both official layouts are accepted: list-style ``context = [[title, [sentences]], ...]`` with
+``supporting_facts = [[title, sent_id], ...]``, and the hub's dict-style columns.
+Every problem names the record; ``on_bad_record="skip"`` counts skips instead of raising.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordrl.data.errors import BadRecordError, DataError
+from coordrl.data.layout import Paragraph, join_sentences
+from coordrl.data.resources import shipped_path
+
+DATASETS = ("hotpotqa", "2wikimultihopqa")
+HUB_DEFAULTS = {
+    # repo id, config, split
+    "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", "validation"),
+    "2wikimultihopqa": ("xanhho/2WikiMultihopQA", None, "dev"),
+}
+
+
+@dataclass(frozen=True)
+class QARecord:
+    """One validated question with its own paragraphs (gold + the dataset's distractors)."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    paragraphs: tuple[Paragraph, ...]
+    gold_titles: tuple[str, ...]  # in order of first appearance in supporting_facts
+    supporting_facts: tuple[tuple[str, int], ...]
+    type: str
+    dataset: str
+
+
+@dataclass
+class LoadReport:
+    """What loading saw: records read, kept, and skips counted by problem."""
+
+    source: str
+    read: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)  # first few skip messages, for the card
+
+    def skip(self, err: BadRecordError) -> None:
+        self.skipped[err.problem] += 1
+        if len(self.examples) < 10:
+            self.examples.append(f"{err.record_id}: {err.problem}: {err.detail}")
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _iter_file(path: Path) -> Iterator[Any]:
+    if not path.exists():
+        raise DataError(f"data file not found: {path}")
+    name = path.name.removesuffix(".gz")
+    with _open_text(path) as fh:
+        if name.endswith(".jsonl"):
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
+        else:
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: not valid JSON at line {e.lineno} ({e.msg})") from None
+            if not isinstance(data, list):
+                raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+            yield from data
+
+
+def _iter_hub(dataset: str, spec: str) -> Iterator[Any]:
+    repo, config, split = HUB_DEFAULTS[dataset]
+    if spec.startswith("hub:"):
+        rest = spec[4:]
+        repo, _, maybe_split = rest.partition("@")
+        split = maybe_split or split
+        config = None if repo != HUB_DEFAULTS[dataset][0] else config
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - datasets is a core dependency
+        raise DataError("loading from the hub needs the `datasets` package") from e
+    try:
+        ds = datasets.load_dataset(repo, config, split=split)
+    except Exception as e:  # network, offline mode, unknown repo: say what was asked and why it failed
+        raise DataError(
+            f"could not load {repo!r} (config {config!r}, split {split!r}) from the Hugging Face hub: {e}. "
+            "Offline? Pass a local path to the official JSON instead, or `sample` for the shipped sample."
+        ) from None
+    yield from ds
+
+
+def iter_raw_records(spec: str, dataset: str) -> Iterator[Any]:
+    """Raw records from a source spec (see module docstring)."""
+    if dataset not in DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
+    if spec == "sample":
+        yield from _iter_file(shipped_path(dataset))
+    elif spec == "hub" or spec.startswith("hub:"):
+        yield from _iter_hub(dataset, spec)
+    else:
+        yield from _iter_file(Path(spec))
+
+
+def _context_pairs(ctx: Any) -> list[tuple[str, list[str]]]:
+    if isinstance(ctx, Mapping):  # hub layout: {"title": [...], "sentences": [[...], ...]}
+        titles, sentences = ctx.get("title"), ctx.get("sentences", ctx.get("content"))
+        if not isinstance(titles, list) or not isinstance(sentences, list) or len(titles) != len(sentences):
+            raise ValueError("context dict needs equal-length 'title' and 'sentences' lists")
+        pairs = list(zip(titles, sentences, strict=True))
+    elif isinstance(ctx, list):
+        pairs = []
+        for item in ctx:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ValueError("each context entry must be [title, [sentences]]")
+            pairs.append((item[0], item[1]))
+    else:
+        raise ValueError(f"context must be a list or dict, got {type(ctx).__name__}")
+    out = []
+    for title, sents in pairs:
+        if not isinstance(title, str) or not title.strip():
+            raise ValueError("a context paragraph has an empty or non-string title")
+        if not isinstance(sents, list) or not all(isinstance(s, str) for s in sents):
+            raise ValueError(f"paragraph {title!r}: sentences must be a list of strings")
+        out.append((title, list(sents)))
+    return out
+
+
+def _supporting_pairs(sf: Any) -> list[tuple[str, int]]:
+    if isinstance(sf, Mapping):  # hub layout: {"title": [...], "sent_id": [...]}
+        titles, ids = sf.get("title"), sf.get("sent_id")
+        if not isinstance(titles, list) or not isinstance(ids, list) or len(titles) != len(ids):
+            raise ValueError("supporting_facts dict needs equal-length 'title' and 'sent_id' lists")
+        pairs = list(zip(titles, ids, strict=True))
+    elif isinstance(sf, list):
+        pairs = []
+        for item in sf:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ValueError("each supporting fact must be [title, sentence_index]")
+            pairs.append((item[0], item[1]))
+    else:
+        raise ValueError(f"supporting_facts must be a list or dict, got {type(sf).__name__}")
+    out = []
+    for title, idx in pairs:
+        if not isinstance(title, str) or isinstance(idx, bool) or not isinstance(idx, int):
+            raise ValueError("a supporting fact is not [string title, integer sentence index]")
+        out.append((title, idx))
+    return out
+
+
+def parse_record(raw: Any, dataset: str, position: int, source: str = "") -> QARecord:
+    """Validate one raw record. Raises `BadRecordError` naming the record and the problem."""
+    if not isinstance(raw, Mapping):
+        raise BadRecordError(f"#{position}", "not_an_object", f"expected a JSON object, got {type(raw).__name__}", source)
+    rid = raw.get("_id", raw.get("id"))
+    if not isinstance(rid, str) or not rid:
+        raise BadRecordError(f"#{position}", "missing_field", "no '_id'/'id' string", source)
+    for name in ("question", "answer", "context", "supporting_facts"):
+        if name not in raw or raw[name] is None:
+            raise BadRecordError(rid, "missing_field", f"field {name!r} is missing", source)
+    question = raw["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise BadRecordError(rid, "empty_question", "question is empty", source)
+    answer = raw["answer"]
+    answers = [answer] if isinstance(answer, str) else answer
+    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+        raise BadRecordError(rid, "bad_answer", "answer must be a string or a list of strings", source)
+    answers = [a.strip() for a in answers if a.strip()]
+    if not answers:
+        raise BadRecordError(rid, "empty_answer", "answer is empty", source)
+    try:
+        pairs = _context_pairs(raw["context"])
+        facts = _supporting_pairs(raw["supporting_facts"])
+    except ValueError as e:
+        raise BadRecordError(rid, "bad_structure", str(e), source) from None
+    if not pairs:
+        raise BadRecordError(rid, "empty_context", "context has no paragraphs", source)
+    titles = [t for t, _ in pairs]
+    if len(set(titles)) != len(titles):
+        dup = next(t for t, c in Counter(titles).items() if c > 1)
+        raise BadRecordError(rid, "duplicate_title", f"context repeats the title {dup!r}", source)
+    if not facts:
+        raise BadRecordError(rid, "no_supporting_facts", "supporting_facts is empty", source)
+    gold_titles = list(dict.fromkeys(t for t, _ in facts))
+    missing = [t for t in gold_titles if t not in set(titles)]
+    if missing:
+        raise BadRecordError(rid, "gold_missing", f"gold title(s) {missing} not in its context", source)
+    paragraphs = tuple(Paragraph(t, join_sentences(s)) for t, s in pairs)
+    return QARecord(
+        id=rid,
+        question=question.strip(),
+        answers=tuple(answers),
+        paragraphs=paragraphs,
+        gold_titles=tuple(gold_titles),
+        supporting_facts=tuple(facts),
+        type=str(raw.get("type") or ""),
+        dataset=dataset,
+    )
+
+
+def load_records(
+    spec: str, dataset: str, on_bad_record: str = "error", raw: Iterable[Any] | None = None
+) -> tuple[list[QARecord], LoadReport]:
+    """Load and validate all records of a source.
+
+    Args:
+        spec: ``sample``, a file path, or ``hub[:repo[@split]]``.
+        dataset: ``hotpotqa`` or ``2wikimultihopqa``.
+        on_bad_record: ``error`` raises on the first bad record; ``skip`` counts it in the report.
+        raw: already-loaded raw records (tests, callers with their own loader); ``spec`` then only names them.
+    """
+    if on_bad_record not in ("error", "skip"):
+        raise DataError(f"--on-bad-record must be 'error' or 'skip', got {on_bad_record!r}")
+    report = LoadReport(source=spec)
+    records: list[QARecord] = []
+    seen: set[str] = set()
+    for position, item in enumerate(raw if raw is not None else iter_raw_records(spec, dataset)):
+        report.read += 1
+        try:
+            rec = parse_record(item, dataset, position, spec)
+            if rec.id in seen:
+                raise BadRecordError(rec.id, "duplicate_id", f"id already used by an earlier record (#{position})", spec)
+        except BadRecordError as err:
+            if on_bad_record == "error":
+                raise
+            report.skip(err)
+            continue
+        seen.add(rec.id)
+        records.append(rec)
+    report.kept = len(records)
+    if not records:
+        raise DataError(f"{spec}: no usable records (read {report.read}, skipped {dict(report.skipped)})")
+    return records, report

@@ -1,0 +1,1 @@
+"""Rollout helpers: tool-calling episodes and the tiny offline Qwen3 test model."""
