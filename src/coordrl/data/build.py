@@ -12,14 +12,17 @@ import hashlib
 import json
 import multiprocessing as mp
 import shutil
+from contextlib import nullcontext
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from coordrl import __version__
+from coordrl.data.arrow_out import DiskDatasetWriter
 from coordrl.data.card import SubsetStats, render_card
 from coordrl.data.errors import BadRecordError, DataError
 from coordrl.data.pack import PackSpec, Placement, pack_sample, sample_rng
@@ -76,9 +79,9 @@ class Inputs:
     """Everything a worker needs; inherited by forked workers, never pickled per task."""
 
     records: list[QARecord]
-    record_costs: list[tuple[list[int], list[int]]]
+    record_costs: list[list[int]]
     pool: ParagraphPool
-    pool_costs: tuple[list[int], list[int]]
+    pool_costs: list[int]
     counter: TokenCounter
 
 
@@ -141,35 +144,17 @@ def _fingerprint(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _write_subset(subset: Subset, workers: int, jsonl: bool, fingerprint: str, scratch: Path) -> dict[str, Any]:
-    import datasets
-
+def _write_subset(subset: Subset, workers: int, jsonl: bool, fingerprint: str) -> dict[str, Any]:
     global _SUBSET
     _SUBSET = subset
-    jsonl_fh = open(subset.folder / "samples.jsonl", "w", encoding="utf-8") if jsonl else None
-
-    def generate():
+    writer = DiskDatasetWriter(subset.folder, FEATURES, fingerprint)
+    with open(subset.folder / "samples.jsonl", "w", encoding="utf-8") if jsonl else nullcontext() as jsonl_fh:
         for sample in _iter_samples(subset, workers, subset.name):
             subset.stats.add(sample)
+            writer.write(sample)
             if jsonl_fh is not None:
                 jsonl_fh.write(json.dumps(sample, ensure_ascii=False) + "\n")
-            yield sample
-
-    # Our own bar reports progress; datasets' generation and saving bars would interleave with it.
-    bars_were_on = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        ds = datasets.Dataset.from_generator(
-            generate, features=FEATURES, cache_dir=str(scratch / subset.folder.name), fingerprint=fingerprint
-        )
-        ds.save_to_disk(str(subset.folder), max_shard_size="500MB")
-    finally:
-        if bars_were_on:
-            datasets.enable_progress_bars()
-        if jsonl_fh is not None:
-            jsonl_fh.close()
-    del ds
-    shutil.rmtree(scratch / subset.folder.name, ignore_errors=True)
+    writer.close()
     return subset.stats.summary()
 
 
@@ -189,18 +174,27 @@ def _finish_out(partial: Path, out: Path) -> None:
     partial.rename(out)
 
 
+@lru_cache(maxsize=2)
+def _file_pool(spec: str, tokenizer: str | None, on_bad: str) -> tuple[ParagraphPool, list[int]]:
+    """A file pool and its paragraph token costs, computed once per process (the slowest setup step)."""
+    pool = load_pool(spec, (), on_bad)
+    return pool, cached_counter(tokenizer).paragraph_costs(pool.paragraphs)
+
+
 def _load_inputs(source: str, dataset: str, pool_spec: str, tokenizer: str | None, on_bad: str) -> tuple[Inputs, LoadReport]:
     records, report = load_records(source, dataset, on_bad)
-    pool = load_pool(pool_spec, records, on_bad)
     counter = cached_counter(tokenizer)
-    pool_costs = counter.paragraph_costs(pool.paragraphs)
+    if pool_spec == "split":
+        pool = load_pool(pool_spec, records, on_bad)
+        pool_costs = counter.paragraph_costs(pool.paragraphs)
+    else:
+        pool, pool_costs = _file_pool(pool_spec, tokenizer, on_bad)
     flat = [p for r in records for p in r.paragraphs]
-    with_sep, bare = counter.paragraph_costs(flat)
+    flat_costs = counter.paragraph_costs(flat)
     record_costs, k = [], 0
     for r in records:
-        n = len(r.paragraphs)
-        record_costs.append((with_sep[k : k + n], bare[k : k + n]))
-        k += n
+        record_costs.append(flat_costs[k : k + len(r.paragraphs)])
+        k += len(r.paragraphs)
     # Real contexts for the additivity check: a record with pool paragraphs, and pool paragraphs alone.
     probe = [list(records[0].paragraphs) + pool.paragraphs[:30], pool.paragraphs[30:90]]
     counter.verify([p for p in probe if p])
@@ -216,7 +210,7 @@ def _check_fit(inputs: Inputs, report: LoadReport, spec: PackSpec, on_bad: str, 
             if spec.num_paragraphs is not None and len(rec.paragraphs) > spec.num_paragraphs:
                 raise BadRecordError(rec.id, "too_many_paragraphs", f"{len(rec.paragraphs)} paragraphs > N={spec.num_paragraphs}")
             if spec.max_tokens is not None:
-                own = inputs.counter.headers_total(len(rec.paragraphs)) + sum(inputs.record_costs[i][0])
+                own = inputs.counter.headers_total(len(rec.paragraphs)) + sum(inputs.record_costs[i])
                 if own > spec.max_tokens:
                     raise BadRecordError(rec.id, "over_budget", f"its own paragraphs take {own} tokens > {spec.max_tokens}")
         except BadRecordError as err:
@@ -277,8 +271,7 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
     }
     _INPUTS, _SEED = inputs, cfg.seed
     try:
-        stats = _write_subset(subset, cfg.workers, cfg.jsonl, _fingerprint(recipe | {"source": cfg.source, "pool": cfg.pool}), partial / ".scratch")
-        shutil.rmtree(partial / ".scratch", ignore_errors=True)
+        stats = _write_subset(subset, cfg.workers, cfg.jsonl, _fingerprint(recipe | {"source": cfg.source, "pool": cfg.pool}))
         load = _load_summary(report, inputs, cfg.dataset)
         (partial / "build.json").write_text(json.dumps({"recipe": recipe, "source": load, "stats": stats}, indent=2, default=str) + "\n")
         (partial / "README.md").write_text(render_card("coordrl training set", recipe, load, [("train", stats)]))
@@ -353,8 +346,7 @@ def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
             folder.mkdir()
             subset = Subset(name, folder, spec, name, items)
             fp = _fingerprint(recipe | {"variant": name, "source": cfg.source, "pool": cfg.pool})
-            rows.append((name, _write_subset(subset, cfg.workers, cfg.jsonl, fp, partial / ".scratch")))
-        shutil.rmtree(partial / ".scratch", ignore_errors=True)
+            rows.append((name, _write_subset(subset, cfg.workers, cfg.jsonl, fp)))
         load = _load_summary(report, inputs, cfg.dataset)
         manifest = {
             "recipe": recipe,

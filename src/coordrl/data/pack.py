@@ -124,9 +124,9 @@ def _order(items: list[Any], gold: list[Any], others: list[Any], spec: PackSpec,
 
 def pack_sample(
     record: QARecord,
-    record_costs: tuple[list[int], list[int]],
+    record_costs: list[int],
     pool: ParagraphPool,
-    pool_costs: tuple[list[int], list[int]],
+    pool_costs: list[int],
     counter: TokenCounter,
     spec: PackSpec,
     *,
@@ -139,8 +139,8 @@ def pack_sample(
     """Build one sample. Fields are documented in `coordrl.data.schema.SAMPLE_FIELDS`."""
     rng = sample_rng(seed, stream, index)
     excluded = pool.excluded_for(record)
-    own = [(p, record_costs[0][i], record_costs[1][i]) for i, p in enumerate(record.paragraphs)]
-    pool_item = lambda j: (pool.paragraphs[j], pool_costs[0][j], pool_costs[1][j])  # noqa: E731
+    own = [(p, record_costs[i]) for i, p in enumerate(record.paragraphs)]
+    pool_item = lambda j: (pool.paragraphs[j], pool_costs[j])  # noqa: E731
 
     if spec.num_paragraphs is not None:
         k = spec.num_paragraphs - len(own)
@@ -151,12 +151,12 @@ def pack_sample(
         distractors = [pool_item(j) for j in pool.draw(k, excluded, rng, record.id)]
     else:
         budget = spec.max_tokens
-        used = counter.headers_total(len(own)) + sum(c for _, c, _ in own)
+        used = counter.headers_total(len(own)) + sum(c for _, c in own)
         if used > budget:
             raise BadRecordError(record.id, "over_budget", f"its own paragraphs take {used} tokens > {budget}")
         distractors = []
         for j in pool.iter_draws(excluded, rng):
-            cost = pool_costs[0][j] + counter.header(len(own) + len(distractors) + 1)
+            cost = pool_costs[j] + counter.header(len(own) + len(distractors) + 1)
             if used + cost > budget:
                 break
             used += cost
@@ -169,10 +169,7 @@ def pack_sample(
 
     paragraphs: list[Paragraph] = [it[0] for it in ordered]
     context, offsets = render_context(paragraphs)
-    if counter.additive:
-        num_tokens = counter.headers_total(len(ordered)) + sum(it[1] for it in ordered[:-1]) + ordered[-1][2]
-    else:
-        num_tokens = counter.count(context)
+    num_tokens = counter.context_tokens(paragraphs, [it[1] for it in ordered]) if counter.additive else counter.count(context)
     doc_of = {p.title: i for i, p in enumerate(paragraphs, start=1) if p.title in gold_set}
     return {
         "id": sample_id,

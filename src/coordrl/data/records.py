@@ -198,10 +198,15 @@ def parse_record(raw: Any, dataset: str, position: int, source: str = "") -> QAR
         raise BadRecordError(rid, "bad_structure", str(e), source) from None
     if not pairs:
         raise BadRecordError(rid, "empty_context", "context has no paragraphs", source)
-    titles = [t for t, _ in pairs]
-    if len(set(titles)) != len(titles):
-        dup = next(t for t, c in Counter(titles).items() if c > 1)
-        raise BadRecordError(rid, "duplicate_title", f"context repeats the title {dup!r}", source)
+    # 2WikiMultiHopQA sometimes lists the same paragraph twice; an exact repeat carries no
+    # information and is kept once. Two different paragraphs under one title are ambiguous evidence.
+    first: dict[str, list[str]] = {}
+    for t, sents in pairs:
+        if t in first and first[t] != sents:
+            raise BadRecordError(rid, "duplicate_title", f"context has two different paragraphs titled {t!r}", source)
+        first.setdefault(t, sents)
+    pairs = list(first.items())
+    titles = list(first)
     if not facts:
         raise BadRecordError(rid, "no_supporting_facts", "supporting_facts is empty", source)
     gold_titles = list(dict.fromkeys(t for t, _ in facts))

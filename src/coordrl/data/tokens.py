@@ -71,15 +71,23 @@ class TokenCounter:
             self._headers.extend(self._lengths([document_header(i) for i in range(start, max(index + 1, 2 * start))]))
         return self._headers[index]
 
-    def paragraph_costs(self, paragraphs: Sequence[Paragraph], batch: int = 2048) -> tuple[list[int], list[int]]:
-        """Per paragraph: tokens of its text followed by the separator, and without it (last Document)."""
-        with_sep: list[int] = []
-        bare: list[int] = []
+    def paragraph_costs(self, paragraphs: Sequence[Paragraph], batch: int = 2048) -> list[int]:
+        """Per paragraph: tokens of its text followed by the blank-line separator.
+
+        The last Document of a context has no separator; callers count that one paragraph alone.
+        """
+        costs: list[int] = []
         for start in range(0, len(paragraphs), batch):
-            texts = [p.text for p in paragraphs[start : start + batch]]
-            with_sep += self._lengths([t + DOC_SEPARATOR for t in texts])
-            bare += self._lengths(texts)
-        return with_sep, bare
+            costs += self._lengths([p.text + DOC_SEPARATOR for p in paragraphs[start : start + batch]])
+        return costs
+
+    def context_tokens(self, paragraphs: Sequence[Paragraph], costs: Sequence[int]) -> int:
+        """Tokens of the rendered context of ``paragraphs`` given their `paragraph_costs`."""
+        if not paragraphs:
+            return 0
+        if not self.additive:
+            return self.count(render_context(paragraphs)[0])
+        return self.headers_total(len(paragraphs)) + sum(costs[:-1]) + self.count(paragraphs[-1].text)
 
     def headers_total(self, n: int) -> int:
         self.header(n)
@@ -88,8 +96,7 @@ class TokenCounter:
     def verify(self, contexts: Sequence[Sequence[Paragraph]]) -> bool:
         """Check additivity on real contexts; on any mismatch switch to exact whole-context counting."""
         for paragraphs in contexts:
-            with_sep, bare = self.paragraph_costs(paragraphs)
-            summed = self.headers_total(len(paragraphs)) + sum(with_sep[:-1]) + bare[-1]
+            summed = self.context_tokens(paragraphs, self.paragraph_costs(paragraphs))
             if summed != self.count(render_context(paragraphs)[0]):
                 self.additive = False
                 return False

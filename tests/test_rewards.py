@@ -1,0 +1,84 @@
+import pytest
+
+from coordrl.rewards import (
+    exact_match,
+    exact_match_reward,
+    extract_answer,
+    f1_reward,
+    f1_score,
+    guarded_sub_em,
+    normalize_answer,
+    score_prediction,
+    sub_em,
+)
+
+
+def test_normalize_answer_hotpotqa_rules():
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+    assert normalize_answer("An apple, a day") == "apple day"
+    assert normalize_answer("  ") == ""
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "em", "sub", "guarded"),
+    [
+        ("no", "November", 0.0, 1.0, 1.0),  # reference leak kept in sub_em, EM is strict
+        ("1", "1990", 0.0, 1.0, 1.0),
+        ("The", "Paris", 0.0, 1.0, 0.0),  # normalises to "": reference scores 1, guarded 0
+        ("", "Paris", 0.0, 1.0, 0.0),
+        ("the Paris", "Paris", 1.0, 1.0, 1.0),
+        ("London", "Paris", 0.0, 0.0, 0.0),
+    ],
+)
+def test_known_leaks(pred, gold, em, sub, guarded):
+    assert exact_match(pred, gold) == em
+    assert sub_em(pred, gold) == sub
+    assert guarded_sub_em(pred, gold) == guarded
+
+
+def test_sub_em_uses_first_gold_only_and_none_scores_zero():
+    assert sub_em("Lyon", ["Paris", "Lyon"]) == 0.0
+    assert exact_match("Lyon", ["Paris", "Lyon"]) == 1.0
+    assert score_prediction(None, "Paris") == {"em": 0.0, "f1": 0.0, "sub_em": 0.0, "guarded_sub_em": 0.0}
+
+
+def test_f1():
+    assert f1_score("Barack Obama", "Obama") == pytest.approx(2 / 3)
+    assert f1_score("yes", "no") == 0.0
+    assert f1_score("no", "no") == 1.0
+
+
+def _assistant(text, tool_calls=None):
+    msg = {"role": "assistant", "content": text}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
+CALL = [{"type": "function", "function": {"name": "query_agents", "arguments": {"queries": ["x"]}}}]
+
+
+def test_extract_answer_from_final_assistant_message():
+    conv = [_assistant("", CALL), {"role": "tool", "name": "query_agents", "content": "found"}, _assistant("<think>hm</think>So <answer> Paris </answer>")]
+    assert extract_answer(conv) == "Paris"
+    assert extract_answer("<answer>a</answer> then <answer>b</answer>") == "b"
+    assert extract_answer("<think><answer>x</answer></think>no tag") is None
+
+
+def test_rollouts_that_did_not_answer_score_zero():
+    ends_on_tool = [_assistant("<answer>Paris</answer>", CALL), {"role": "tool", "content": "r"}]
+    ends_on_call = [_assistant("<answer>Paris</answer>", CALL)]
+    raw_call = [_assistant('<answer>Paris</answer><tool_call>{"name": "query_agents"</tool_call>')]
+    for conv in (ends_on_tool, ends_on_call, raw_call, []):
+        assert extract_answer(conv) is None
+    rewards = exact_match_reward([ends_on_tool, ends_on_call, [_assistant("<answer>paris</answer>")]], answers=[["Paris"]] * 3)
+    assert rewards == [0.0, 0.0, 1.0]
+
+
+def test_reward_columns_and_errors():
+    assert exact_match_reward(["<answer>yes</answer>"], answer=["yes"]) == [1.0]
+    assert f1_reward(["<answer>Barack Obama</answer>"], answers=[["Obama"]]) == [pytest.approx(2 / 3)]
+    with pytest.raises(ValueError, match="answers"):
+        exact_match_reward(["<answer>yes</answer>"])
+    with pytest.raises(ValueError, match="1 completions but 2"):
+        exact_match_reward(["<answer>yes</answer>"], answers=[["yes"], ["no"]])
