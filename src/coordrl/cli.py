@@ -135,6 +135,44 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    import json
+
+    from coordrl.data.show import load_built
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+    from coordrl.envs.step import StepEnv
+    from coordrl.rollout.episode import format_episode, run_episode
+    from coordrl.rollout.policies import HFPolicy, ScriptedLead
+
+    if args.protocol != "parser":
+        raise UsageError(f"--protocol {args.protocol!r} is not available yet; use parser")
+    ds = load_built(args.data)
+    if not 0 <= args.sample < len(ds):
+        raise UsageError(f"--sample {args.sample} out of range: {args.data} holds {len(ds)} samples")
+    if args.policy == "scripted":
+        from coordrl.data.tokens import load_tokenizer
+
+        policy, tokenizer = ScriptedLead(), load_tokenizer(None)
+    else:
+        if not Path(args.policy).is_dir():
+            raise UsageError(f"--policy must be 'scripted' or a model folder; {args.policy} is not a folder")
+        policy = HFPolicy(args.policy, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
+        tokenizer = policy.tokenizer
+    config = ParserEnvConfig(readers=args.readers, reader_model=args.reader_model, chunk_tokens=args.chunk_tokens, max_turns=args.max_turns)
+    try:
+        factory = ParserEnvFactory(config, tokenizer=tokenizer)
+        env = StepEnv(factory(), ChatCodec(tokenizer), max_turns=config.max_turns)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        episode = run_episode(env, policy, ds[args.sample])
+    finally:
+        factory.close()
+    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False) if args.json else format_episode(episode))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from coordrl.demo import run_demo
 
@@ -153,6 +191,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
     demo.add_argument("--workers", type=_positive, default=min(2, os.cpu_count() or 1))
     demo.set_defaults(func=_cmd_demo)
+
+    rollout = sub.add_parser("rollout", help="run one episode and print the conversation, findings, reward and info")
+    rollout.add_argument("--protocol", default="parser", choices=("parser", "hmars"))
+    rollout.add_argument("--data", type=Path, required=True, help="a dataset folder (data build, or one sweep subset)")
+    rollout.add_argument("--sample", type=int, default=0, help="sample index (default 0)")
+    rollout.add_argument("--readers", default="lexical", help="'lexical' or comma-separated reader server URLs")
+    rollout.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
+    rollout.add_argument("--policy", default="scripted", help="'scripted' (model-free baseline) or a model folder")
+    rollout.add_argument("--chunk-tokens", type=_positive, default=512, help="tokens per reader chunk (default 512)")
+    rollout.add_argument("--max-turns", type=_positive, default=12, help="tool rounds allowed (default 12, the evaluation cap)")
+    rollout.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (default 0: greedy)")
+    rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
+    rollout.add_argument("--seed", type=int, default=0)
+    rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
+    rollout.set_defaults(func=_cmd_rollout)
+
+    from coordrl.rollout.serve import add_serve_readers_parser
+
+    add_serve_readers_parser(sub)
 
     data = sub.add_parser("data", help="build training sets and evaluation sweeps")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")

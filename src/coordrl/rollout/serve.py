@@ -20,11 +20,13 @@ import argparse
 import atexit
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +38,7 @@ __all__ = [
     "ReaderServerError",
     "ReaderServerGroup",
     "add_serve_readers_parser",
+    "prefix_cache_counters",
     "resolve_vllm_python",
     "serve_readers",
     "start_reader_servers",
@@ -329,6 +332,25 @@ def start_reader_servers(
     return ReaderServerGroup(servers).start(startup_timeout_s)
 
 
+# vLLM >= 0.9 names them vllm:prefix_cache_{queries,hits}_total; older V1 releases used a gpu_ prefix.
+_PREFIX_COUNTER = re.compile(r"^vllm:(?:gpu_)?prefix_cache_(queries|hits)_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
+
+
+def prefix_cache_counters(url: str, timeout_s: float = 5.0) -> tuple[float, float]:
+    """``(queried_tokens, hit_tokens)`` of a vLLM server's prefix cache, summed over engines.
+
+    Read from ``GET /metrics`` (Prometheus text). The hit rate of a phase is the ratio of the
+    differences of two readings taken before and after it.
+    """
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout_s).text
+    totals = {"queries": 0.0, "hits": 0.0}
+    for line in text.splitlines():
+        match = _PREFIX_COUNTER.match(line)
+        if match:
+            totals[match.group(1)] += float(match.group(2))
+    return totals["queries"], totals["hits"]
+
+
 def _write_urls(path: Path, urls: Sequence[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -358,7 +380,7 @@ def serve_readers(
     died (the message names it and shows its log tail on stderr). Servers are always stopped.
     """
     previous = None
-    if threading_is_main():
+    if threading.current_thread() is threading.main_thread():
         # SIGTERM (e.g. from a job scheduler) takes the same clean path as Ctrl-C.
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     group: ReaderServerGroup | None = None
@@ -396,12 +418,6 @@ def serve_readers(
             urls_path.unlink(missing_ok=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

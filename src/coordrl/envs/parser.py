@@ -1,0 +1,336 @@
+"""The PARSER lead-agent environment: scatter queries to frozen chunk readers, gather findings.
+
+One instance per rollout, in the shape TRL's ``environment_factory`` expects: ``reset(**row)`` binds
+a sample and the public async method ``query_agents`` is the only tool (TRL exposes every public
+method of the class as a tool, so everything else here is private or a property). The plain
+``step`` API for code outside TRL lives in `coordrl.envs.step` and drives this same class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from coordrl.data.chunk import Chunk, chunk_context
+from coordrl.rollout.loop import shared_loop
+from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.rollout.reader_prompt import sanitize_reader_text
+
+TRUNCATION_MARKER = "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
+
+
+@dataclass
+class ParserEnvConfig:
+    """Settings of the PARSER environment (recorded in checkpoints and exports).
+
+    Attributes:
+        readers: ``lexical`` or comma-separated OpenAI-compatible server URLs.
+        reader_model: model name served at the URLs.
+        reader_max_tokens: tokens a reader may generate per answer (PARSER: 512).
+        reader_concurrency: reader requests in flight per process (default 64).
+        reader_timeout_s / reader_retries: per attempt timeout and retries before a reader counts as unavailable.
+        chunk_tokens: tokens per reader chunk (512 for training, 4,096 for evaluation).
+        tokenizer: tokenizer for chunking and the observation budget (None: coordrl's shipped tokenizer;
+            use the policy's).
+        max_queries: queries accepted in one call (default 8).
+        max_query_chars: characters accepted per query (default 500).
+        observation_max_tokens: tokens of one observation before it is truncated with a visible marker.
+        max_turns: tool rounds per episode (9 for training, 12 for evaluation).
+    """
+
+    readers: str = "lexical"
+    reader_model: str | None = None
+    reader_max_tokens: int = 512
+    reader_concurrency: int = 64
+    reader_timeout_s: float = 60.0
+    reader_retries: int = 3
+    chunk_tokens: int = 512
+    tokenizer: str | None = None
+    max_queries: int = 8
+    max_query_chars: int = 500
+    observation_max_tokens: int = 1024
+    max_turns: int = 9
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ToolInputError(ValueError):
+    """A tool call the environment refuses; the message goes back to the policy as the tool result."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class EpisodeStats:
+    """Counters of one episode; `ParserLeadEnv.info` reports them."""
+
+    queries_per_turn: list[int] = field(default_factory=list)
+    reader_calls: int = 0
+    abstentions: int = 0
+    reader_errors: int = 0
+    tool_errors: Counter = field(default_factory=Counter)
+    observation_tokens: list[int] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    gold_found: bool = False
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ParserLeadEnv:
+    """One PARSER rollout. Build through `ParserEnvFactory` so instances share a reader fleet.
+
+    ``reset(**row)`` takes a dataset row with ``question``, ``answers`` (or ``answer``),
+    ``gold_documents`` and either ``context`` (+ ``doc_offsets``), chunked here with
+    ``chunk_tokens``, or precomputed ``chunks`` (list of strings) with optional ``chunk_documents``.
+    """
+
+    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer) -> None:
+        self._config = config
+        self._fleet = fleet
+        self._tokenizer = tokenizer
+        self._row: dict[str, Any] = {}
+        self._chunks: list[Chunk] = []
+        self._keys: list[str] = []
+        self._stats = EpisodeStats()
+        self._question = ""
+        self._gold: set[int] = set()
+
+    # -- TRL interface ---------------------------------------------------------------------------
+
+    def reset(self, **row: Any) -> None:
+        """Bind a sample. Raises ValueError naming the field when the row cannot be used."""
+        rid = row.get("id", "?")
+        question = row.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"sample {rid!r}: field 'question' is missing or empty")
+        if row.get("chunks") is not None:
+            texts = list(row["chunks"])
+            docs = row.get("chunk_documents") or [[] for _ in texts]
+            self._chunks = [Chunk(i, t, 0, 0, 0, 0, tuple(d)) for i, (t, d) in enumerate(zip(texts, docs, strict=True))]
+        elif isinstance(row.get("context"), str) and row["context"]:
+            self._chunks = chunk_context(row["context"], self._tokenizer, self._config.chunk_tokens, row.get("doc_offsets"))
+        else:
+            raise ValueError(f"sample {rid!r}: needs a non-empty 'context' or 'chunks' field")
+        # A content hash, not an index: the same chunk text routes to the same reader replica (prefix cache).
+        self._keys = [hashlib.sha1(c.text.encode()).hexdigest()[:16] for c in self._chunks]
+        self._row = row
+        self._question = question
+        self._gold = set(row.get("gold_documents") or ())
+        self._stats = EpisodeStats()
+        return None
+
+    async def query_agents(self, queries: list[str]) -> str:
+        """Send questions to every chunk reader of the document and collect what they find.
+
+        Args:
+            queries: One or more focused, self-contained questions. Independent questions go in one call.
+
+        Returns:
+            The readers' findings, each tagged with its chunk; readers that found nothing are left out.
+        """
+        turn = len(self._stats.queries_per_turn) + 1
+        try:
+            clean = self._validate(queries)
+        except ToolInputError as err:
+            self._stats.tool_errors[err.kind] += 1
+            self._stats.queries_per_turn.append(0)
+            return f"Error: {err}"
+        self._stats.queries_per_turn.append(len(clean))
+        requests = [ReaderRequest(q, c.text, k) for q in clean for c, k in zip(self._chunks, self._keys, strict=True)]
+        t0 = time.perf_counter()
+        results = await shared_loop().run_async(self._fleet.answer(requests))
+        if len(results) != len(requests):  # a broken backend must not silently misalign findings
+            raise RuntimeError(f"reader fleet returned {len(results)} results for {len(requests)} requests")
+        self._stats.reader_calls += len(requests)
+        observation = self._observe(clean, results, turn, time.perf_counter() - t0)
+        return observation
+
+    # -- reporting --------------------------------------------------------------------------------
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Per-episode metrics (floats and ints only, so they log anywhere)."""
+        s = self._stats
+        turns = len(s.queries_per_turn)
+        answered = s.reader_calls - s.reader_errors
+        return {
+            "turns": turns,
+            "queries": sum(s.queries_per_turn),
+            "queries_per_turn": sum(s.queries_per_turn) / turns if turns else 0.0,
+            "reader_calls": s.reader_calls,
+            "abstain_rate": s.abstentions / answered if answered else 0.0,
+            "observation_tokens": sum(s.observation_tokens),
+            "reader_latency_p50_s": _percentile(s.latencies, 0.5),
+            "reader_latency_p95_s": _percentile(s.latencies, 0.95),
+            "reader_errors": s.reader_errors,
+            "tool_errors": sum(s.tool_errors.values()),
+            "gold_coverage": float(s.gold_found),
+            "chunks": len(self._chunks),
+        }
+
+    @property
+    def tool_error_kinds(self) -> dict[str, int]:
+        return dict(self._stats.tool_errors)
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        """Every non-abstaining reader answer so far: turn, query, chunk, documents, text."""
+        return list(self._stats.findings)
+
+    @property
+    def sample(self) -> dict[str, Any]:
+        return self._row
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return list(self._chunks)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _validate(self, queries: Any) -> list[str]:
+        cfg = self._config
+        if not self._chunks:
+            raise ToolInputError("not_reset", "the environment has no document; reset() was not called")
+        if isinstance(queries, str):
+            raise ToolInputError("wrong_type", 'queries must be a list of strings, e.g. {"queries": ["Who directed X?"]}, not one string')
+        if not isinstance(queries, (list, tuple)):
+            raise ToolInputError("wrong_type", f"queries must be a list of strings, got {type(queries).__name__}")
+        if not queries:
+            raise ToolInputError("empty", "queries is empty; give at least one question")
+        if len(queries) > cfg.max_queries:
+            raise ToolInputError("too_many", f"{len(queries)} queries in one call; the limit is {cfg.max_queries}")
+        clean: list[str] = []
+        for i, q in enumerate(queries, start=1):
+            if not isinstance(q, str):
+                raise ToolInputError("wrong_type", f"query {i} is a {type(q).__name__}, not a string")
+            q = " ".join(q.split())
+            if not q:
+                raise ToolInputError("empty", f"query {i} is empty")
+            if len(q) > cfg.max_query_chars:
+                raise ToolInputError("too_long", f"query {i} has {len(q)} characters; the limit is {cfg.max_query_chars}")
+            if q not in clean:  # an exact repeat in one call would only duplicate every finding
+                clean.append(q)
+        return clean
+
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _observe(self, queries: list[str], results: list[ReaderResult], turn: int, wall: float) -> str:
+        s = self._stats
+        n_chunks = len(self._chunks)
+        budget = self._config.observation_max_tokens
+        lines: list[str] = []
+        hidden = 0
+        used = 0
+        total_found = 0
+        for qi, query in enumerate(queries):
+            block = results[qi * n_chunks : (qi + 1) * n_chunks]
+            found: list[str] = []
+            down: list[int] = []
+            for chunk, res in zip(self._chunks, block, strict=True):
+                s.latencies.append(res.latency_s)
+                if not res.ok:
+                    s.reader_errors += 1
+                    down.append(chunk.index)
+                    continue
+                if res.abstained:
+                    s.abstentions += 1
+                    continue
+                text = " ".join(sanitize_reader_text(res.text).split())
+                if not text:
+                    s.abstentions += 1
+                    continue
+                if set(chunk.documents) & self._gold:
+                    s.gold_found = True
+                s.findings.append({"turn": turn, "query": query, "chunk": chunk.index, "documents": list(chunk.documents), "text": text})
+                found.append(f"- chunk {chunk.index}: {text}")
+            total_found += len(found)
+            header = f'Query {qi + 1}: "{query}"'
+            block_lines = [header] + (found or ["- no reader found anything for this query."])
+            if down:
+                block_lines.append(f"- {len(down)} reader(s) unavailable (chunks {_ranges(down)}); their chunks were not read this round.")
+            for line in block_lines:
+                cost = self._count(line) + 1
+                if line.startswith("- chunk") and (hidden or used + cost > budget):
+                    hidden += 1
+                    continue
+                used += cost
+                lines.append(line)
+        head = f"{total_found} finding(s) from {n_chunks} readers for {len(queries)} query(ies)."
+        if hidden:
+            lines.append(TRUNCATION_MARKER.format(n=hidden, budget=budget))
+        observation = "\n".join([head] + lines)
+        s.observation_tokens.append(self._count(observation))
+        return observation
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``: a short list of chunk numbers."""
+    out: list[str] = []
+    start = prev = None
+    for i in indices:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if start != prev else f"{start}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else f"{start}")
+    return ", ".join(out)
+
+
+class ParserEnvFactory:
+    """``environment_factory`` for TRL: every call returns a fresh `ParserLeadEnv` sharing one
+    reader fleet and tokenizer (created on first use)."""
+
+    def __init__(self, config: ParserEnvConfig | None = None, fleet: ReaderFleet | None = None, tokenizer=None) -> None:
+        self.config = config or ParserEnvConfig()
+        self._fleet = fleet
+        self._tokenizer = tokenizer
+
+    @property
+    def fleet(self) -> ReaderFleet:
+        if self._fleet is None:
+            from coordrl.rollout.fleet import make_fleet
+
+            c = self.config
+            self._fleet = make_fleet(
+                c.readers,
+                c.reader_model,
+                max_concurrency=c.reader_concurrency,
+                timeout_s=c.reader_timeout_s,
+                max_retries=c.reader_retries,
+                max_tokens=c.reader_max_tokens,
+            )
+        return self._fleet
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from coordrl.data.tokens import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.tokenizer)
+        return self._tokenizer
+
+    def __call__(self) -> ParserLeadEnv:
+        return ParserLeadEnv(self.config, self.fleet, self.tokenizer)
+
+    def close(self) -> None:
+        if self._fleet is not None:
+            shared_loop().run(self._fleet.aclose())

@@ -1,0 +1,179 @@
+"""A gym-style ``reset`` / ``step`` driver for TRL-style environments, for code outside TRL.
+
+Evaluation, inference and ``coordrl rollout`` drive episodes through `StepEnv`. Each step takes one
+assistant turn (generated ids, or text) and does what TRL's tool loop does with it: parse it with
+TRL's parser against the same prompt ids, execute its tool calls on the environment (errors become
+``{'error': ...}`` tool results, as in TRL), append the tool-response suffix ids by concatenation,
+and stop at the same tool-round cap and completion budget. A policy therefore behaves the same in
+``eval`` as in ``train``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coordrl.envs.chat import ChatCodec, env_tools
+from coordrl.envs.prompts import lead_prompt
+from coordrl.rewards import exact_match_reward
+
+
+def default_prompt(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataset's ``prompt`` column when present (training rows have one), else the lead prompt."""
+    prompt = row.get("prompt")
+    return [dict(m) for m in prompt] if prompt else lead_prompt(row["question"])
+
+
+@dataclass
+class Step:
+    """What one `StepEnv.step` returns (also unpackable as a 5-tuple)."""
+
+    observation: str | None
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    def __iter__(self):
+        return iter((self.observation, self.reward, self.terminated, self.truncated, self.info))
+
+
+class StepEnv:
+    """Drive one environment instance turn by turn.
+
+    Args:
+        env: a TRL-style environment (``reset(**row)`` + tool methods), e.g. `ParserLeadEnv`.
+        codec: the policy tokenizer's `ChatCodec`.
+        max_turns: tool rounds allowed (TRL's ``max_tool_calling_iterations``).
+        max_completion_tokens: TRL's ``max_completion_length`` (all turns and tool results); None: unlimited.
+        reward_fn: TRL-style reward function (default exact match of the tagged answer).
+        prompt_fn: builds the prompt conversation from a row.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        codec: ChatCodec,
+        *,
+        max_turns: int,
+        max_completion_tokens: int | None = None,
+        reward_fn: Callable[..., list[float]] = exact_match_reward,
+        prompt_fn: Callable[[dict[str, Any]], list[dict[str, Any]]] = default_prompt,
+    ) -> None:
+        self.env = env
+        self.codec = codec
+        self.max_turns = max_turns
+        self.max_completion_tokens = max_completion_tokens
+        self.reward_fn = reward_fn
+        self.prompt_fn = prompt_fn
+        self.tools = env_tools(env)
+        self._tool_by_name = {t.__name__: t for t in self.tools}
+        self.messages: list[dict[str, Any]] = []
+        self.completion: list[dict[str, Any]] = []
+        self.prompt_ids: list[int] = []
+        self.completion_ids: list[int] = []
+        self.tool_rounds = 0
+        self.tool_failures = 0
+        self.done = True
+        self._row: dict[str, Any] = {}
+
+    # -- episode ------------------------------------------------------------------------------------
+
+    def reset(self, **row: Any) -> list[dict[str, Any]]:
+        """Bind a sample; returns the prompt conversation the policy starts from."""
+        observation = self.env.reset(**row)
+        prompt = self.prompt_fn(row)
+        if isinstance(observation, str):
+            prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
+        self._row = row
+        self.messages = list(prompt)
+        self.completion = []
+        self.prompt_ids = self.codec.prompt_ids(prompt, self.tools)
+        self.completion_ids = []
+        self.tool_rounds = 0
+        self.tool_failures = 0
+        self.done = False
+        return list(self.messages)
+
+    @property
+    def context_ids(self) -> list[int]:
+        """Ids the policy generates from next: prompt + every turn and tool result so far."""
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def info(self) -> dict[str, Any]:
+        base = dict(getattr(self.env, "info", {}) or {})
+        base.update(
+            tool_rounds=self.tool_rounds,
+            tool_failures=self.tool_failures,
+            assistant_turns=sum(1 for m in self.completion if m.get("role") == "assistant"),
+            completion_tokens=len(self.completion_ids),
+        )
+        return base
+
+    def step(self, action: str | Sequence[int]) -> Step:
+        """Synchronous `astep` (must not be called from a running event loop; use ``await astep``)."""
+        return asyncio.run(self.astep(action))
+
+    async def astep(self, action: str | Sequence[int]) -> Step:
+        """Apply one assistant turn: generated ids (ending with EOS when the model stopped) or text."""
+        if self.done:
+            raise RuntimeError("episode is over; call reset() first")
+        ids = self.codec.encode_turn(action) if isinstance(action, str) else list(action)
+        message = self.codec.parse(ids, self.context_ids, self.tools)
+        self.completion_ids += ids
+        self.messages.append(message)
+        self.completion.append(message)
+        calls = message.get("tool_calls")
+        if not calls:
+            return self._finish(terminated=True)
+        if self.tool_rounds >= self.max_turns:
+            return self._finish(terminated=False)  # turn cap: ends on a tool call, scores 0 as in TRL
+        tool_messages = [await self._call(call) for call in calls]
+        suffix = self.codec.tool_suffix_ids(tool_messages)
+        if self.max_completion_tokens is not None and len(self.completion_ids) + len(suffix) > self.max_completion_tokens:
+            return self._finish(terminated=False)  # TRL drops tool results past the budget and stops
+        self.completion_ids += suffix
+        self.messages += tool_messages
+        self.completion += tool_messages
+        self.tool_rounds += 1
+        observation = "\n\n".join(str(m["content"]) for m in tool_messages)
+        return Step(observation, 0.0, False, False, self.info)
+
+    def over_budget(self) -> bool:
+        return self.max_completion_tokens is not None and len(self.completion_ids) >= self.max_completion_tokens
+
+    def truncate(self) -> Step:
+        """End the episode from outside (e.g. the completion budget ran out mid-generation)."""
+        return self._finish(terminated=False)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _finish(self, terminated: bool) -> Step:
+        self.done = True
+        answers = self._row.get("answers") if self._row.get("answers") is not None else [self._row.get("answer", "")]
+        reward = float(self.reward_fn([self.completion], answers=[answers])[0])
+        return Step(None, reward, terminated, not terminated, self.info)
+
+    async def _call(self, call: dict[str, Any]) -> dict[str, Any]:
+        # Mirrors TRL 1.16's tool loop: unknown tools and exceptions become {"error": ...} results.
+        if call.get("type") != "function":
+            self.tool_failures += 1
+            return {"role": "tool", "name": call.get("name", "unknown"), "content": str({"error": f"Unsupported tool call type: {call.get('type')}"})}
+        function = call["function"]
+        name = function["name"]
+        try:
+            tool = self._tool_by_name.get(name)
+            if tool is None:
+                raise ValueError(f"Tool {name} not found.")
+            result = tool(**function["arguments"])
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as e:  # noqa: BLE001 - the policy's mistake goes back to it as the tool result
+            self.tool_failures += 1
+            result = {"error": str(e)}
+        content = result if isinstance(result, list) else str(result)
+        return {"role": "tool", "name": name, "content": content}

