@@ -31,6 +31,7 @@ class ParserEnvConfig:
     Attributes:
         readers: ``lexical`` or comma-separated OpenAI-compatible server URLs.
         reader_model: model name served at the URLs.
+        lexical_threshold: weighted query coverage a lexical reader needs to answer (default 0.5).
         reader_max_tokens: tokens a reader may generate per answer (PARSER: 512).
         reader_concurrency: reader requests in flight per process (default 64).
         reader_timeout_s / reader_retries: per attempt timeout and retries before a reader counts as unavailable.
@@ -45,6 +46,7 @@ class ParserEnvConfig:
 
     readers: str = "lexical"
     reader_model: str | None = None
+    lexical_threshold: float = 0.5
     reader_max_tokens: int = 512
     reader_concurrency: int = 64
     reader_timeout_s: float = 60.0
@@ -317,6 +319,7 @@ class ParserEnvFactory:
                 timeout_s=c.reader_timeout_s,
                 max_retries=c.reader_retries,
                 max_tokens=c.reader_max_tokens,
+                threshold=c.lexical_threshold,
             )
         return self._fleet
 

@@ -1,0 +1,142 @@
+"""Fan-out benchmark: one broadcast of 2 queries to every chunk of an 896K-token document.
+
+Against a loopback OpenAI-compatible server with injected latency L (FaultInjectingFakeServer from
+tests/, run as a separate process so it does not share the client's CPU or event loop), prints the
+wall time of one broadcast next to the bound ``1.2 * ceil(calls / concurrency) * L``, for 512-token
+chunks (1,750 readers) and 4,096-token chunks (219 readers), then the client overhead per call at
+L = 0 (target <= 0.3 ms): client process CPU time per call, and wall time per call.
+
+Chunk text is synthetic (about 4 characters per token), so no tokenizer is needed.
+
+    .venv/bin/python benchmarks/reader_fanout.py [--concurrency 256] [--latencies 0.05 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from coordrl.rollout.openai_fleet import OpenAIReaderFleet  # noqa: E402
+from coordrl.rollout.readers_base import ReaderRequest  # noqa: E402
+
+DOC_TOKENS = 896_000
+CHARS_PER_TOKEN = 4
+QUERIES = ("Who founded the company mentioned in this passage?", "In which year did the event take place?")
+_WORDS = "the of river city founded year company film born director album war king state music team".split()
+
+
+def synthetic_chunks(chunk_tokens: int, seed: int = 0) -> list[str]:
+    """ceil(DOC_TOKENS / chunk_tokens) chunks of about chunk_tokens * 4 characters each."""
+    rng = random.Random(seed)
+    n = math.ceil(DOC_TOKENS / chunk_tokens)
+    size = chunk_tokens * CHARS_PER_TOKEN
+    chunks = []
+    for i in range(n):
+        words = []
+        length = 0
+        while length < size:
+            word = rng.choice(_WORDS)
+            words.append(word)
+            length += len(word) + 1
+        chunks.append(f"Document {i + 1}:\nTitle {i}\n" + " ".join(words)[:size])
+    return chunks
+
+
+class FakeServerProcess:
+    """FaultInjectingFakeServer in a child process, for one latency."""
+
+    def __init__(self, latency_s: float):
+        script = REPO / "tests" / "fault_injecting_server.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), "--latency", str(latency_s)], stdout=subprocess.PIPE, text=True
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"fake server did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def __enter__(self) -> FakeServerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+async def broadcast(fleet: OpenAIReaderFleet, chunks: list[str], tag: str) -> tuple[float, int]:
+    requests = [ReaderRequest(q, c, f"{tag}/{i}") for q in QUERIES for i, c in enumerate(chunks)]
+    start = time.perf_counter()
+    results = await fleet.answer(requests)
+    wall = time.perf_counter() - start
+    failed = sum(not r.ok for r in results)
+    if failed:
+        print(f"  WARNING: {failed} failed calls, e.g. {next(r.error for r in results if not r.ok)}")
+    return wall, len(requests)
+
+
+async def run_latency(url: str, latency_s: float, concurrency: int, chunk_sets: dict[int, list[str]]) -> None:
+    fleet = OpenAIReaderFleet([url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=60)
+    try:
+        for chunk_tokens, chunks in chunk_sets.items():
+            await broadcast(fleet, chunks[:concurrency], "warmup")  # open the pool's connections
+            wall, calls = await broadcast(fleet, chunks, f"c{chunk_tokens}")
+            bound = 1.2 * math.ceil(calls / concurrency) * latency_s
+            verdict = "OK" if wall <= bound else "OVER"
+            print(
+                f"  L={latency_s:.2f}s chunk={chunk_tokens:>4} tokens readers={len(chunks):>4} calls={calls:>4}: "
+                f"wall {wall:.3f}s vs bound {bound:.3f}s  [{verdict}]  ({wall / bound:.2f} x bound)"
+            )
+    finally:
+        await fleet.aclose()
+
+
+async def run_overhead(url: str, concurrency: int, chunks: list[str], rounds: int) -> None:
+    fleet = OpenAIReaderFleet([url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=60)
+    try:
+        await broadcast(fleet, chunks[:concurrency], "warmup")
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        calls = 0
+        for r in range(rounds):
+            _, n = await broadcast(fleet, chunks, f"ovh{r}")
+            calls += n
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+    finally:
+        await fleet.aclose()
+    per_call_cpu_ms = cpu / calls * 1e3
+    verdict = "OK" if per_call_cpu_ms <= 0.3 else "OVER"
+    print(
+        f"  L=0 calls={calls} ({len(chunks[0]) // CHARS_PER_TOKEN}-token chunks): client CPU {per_call_cpu_ms:.3f} ms/call "
+        f"[{verdict} vs 0.3 ms]; wall {wall / calls * 1e3:.3f} ms/call (client + loopback server, {os.cpu_count()} CPUs)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=256, help="fleet max_concurrency (default 256)")
+    parser.add_argument("--latencies", type=float, nargs="+", default=[0.05, 0.2])
+    parser.add_argument("--overhead-rounds", type=int, default=3, help="broadcasts at L=0 (default 3)")
+    args = parser.parse_args()
+
+    chunk_sets = {512: synthetic_chunks(512), 4096: synthetic_chunks(4096)}
+    print(f"document {DOC_TOKENS} tokens; 2 queries per reader; concurrency {args.concurrency}")
+    for latency in args.latencies:
+        with FakeServerProcess(latency) as server:
+            asyncio.run(run_latency(server.url, latency, args.concurrency, chunk_sets))
+    with FakeServerProcess(0.0) as server:
+        for chunk_tokens, chunks in chunk_sets.items():
+            asyncio.run(run_overhead(server.url, args.concurrency, chunks, args.overhead_rounds))
+
+
+if __name__ == "__main__":
+    main()
