@@ -173,6 +173,29 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from coordrl.train.config import ConfigError, load_config, parse_overrides
+
+    try:
+        cfg = load_config(args.config, parse_overrides(args.overrides))
+        if args.dry_run:
+            from coordrl.train.plan import PlanError, format_plan, make_plan
+
+            try:
+                print(format_plan(make_plan(cfg)))
+            except PlanError as e:
+                print(f"coordrl: plan refused: {e}", file=sys.stderr)
+                return 2
+            return 0
+        from coordrl.train.run import train
+
+        out = train(cfg, resume=args.resume)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    print(f"training finished; checkpoints and logs in {out}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from coordrl.demo import run_demo
 
@@ -191,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
     demo.add_argument("--workers", type=_positive, default=min(2, os.cpu_count() or 1))
     demo.set_defaults(func=_cmd_demo)
+
+    train = sub.add_parser(
+        "train",
+        help="GRPO training of the coordinator (TRL)",
+        description="Train with TRL's GRPOTrainer. Overrides use the YAML field names: --max_steps 2 --output_dir out.",
+    )
+    train.add_argument("--config", type=Path, required=True, help="YAML config (coordrl and GRPOConfig fields)")
+    train.add_argument("--dry-run", action="store_true", help="print the resolved plan (layout, batch, budget, memory) and exit")
+    train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in output_dir")
+    train.set_defaults(func=_cmd_train)
 
     rollout = sub.add_parser("rollout", help="run one episode and print the conversation, findings, reward and info")
     rollout.add_argument("--protocol", default="parser", choices=("parser", "hmars"))
@@ -241,7 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `train` takes arbitrary --<field> VALUE overrides; every other command is parsed strictly.
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "command", None) == "train":
+        args.overrides = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

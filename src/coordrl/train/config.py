@@ -1,0 +1,223 @@
+"""`coordrl train` configuration: one flat YAML of coordrl fields and TRL ``GRPOConfig`` fields.
+
+Flat on purpose: overrides on the command line use the field names exactly as written in the YAML,
+TRL style (``--max_steps 2 --output_dir out``). A key that is neither a `CoordConfig` field nor a
+``GRPOConfig`` field is an error naming the key (and the closest valid name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROTOCOLS = ("parser", "hmars")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key or file."""
+
+
+@dataclass
+class CoordConfig:
+    """coordrl's own training fields (everything else in the YAML goes to ``GRPOConfig``).
+
+    Attributes:
+        protocol: coordinator protocol, ``parser`` (PARSER lead agent) or ``hmars``.
+        model: policy: a local folder or a hub id (any Hugging Face causal LM with a chat template TRL knows).
+        train_data: a dataset folder from ``coordrl data build``, or ``sample`` to build one from the
+            shipped HotpotQA sample into ``<output_dir>/data/train`` (with ``sample_num_paragraphs``).
+        eval_data: a dataset folder for TRL's periodic evaluation (``sample``: held-out shipped
+            HotpotQA train questions), or None for no evaluation.
+        eval_samples: cap on evaluation samples (None: all).
+        sample_num_paragraphs: paragraphs per sample when building from the shipped sample.
+        readers / reader_model / reader_max_tokens / reader_concurrency / reader_timeout_s /
+        reader_retries / lexical_threshold / chunk_tokens / max_queries / observation_max_tokens:
+            environment settings (see `coordrl.envs.parser.ParserEnvConfig`).
+        max_turns: tool rounds per rollout; sets TRL's ``max_tool_calling_iterations``.
+        tool_concurrency: run each tool round's calls for all rollouts concurrently (TRL runs them
+            one after another); off only for comparison.
+        lockstep: keep all ranks in step through the tool loop (needed with vLLM server mode,
+            tensor-parallel colocate or ZeRO-3 generation).
+        traces: write JSONL rollout traces to ``<output_dir>/traces/``.
+        model_params: parameter count for ``--dry-run`` when the model's config.json is not local.
+        reader_gpus: GPUs dedicated to reader servers (for ``--dry-run`` and ``scripts/launch_grpo.sh``).
+        deepspeed_stage: ZeRO stage the launch uses (0 = none), for ``--dry-run``.
+        seed_data: seed of an on-the-fly build.
+    """
+
+    protocol: str = "parser"
+    model: str = ""
+    train_data: str = "sample"
+    eval_data: str | None = None
+    eval_samples: int | None = None
+    sample_num_paragraphs: int = 200
+    readers: str = "lexical"
+    reader_model: str | None = None
+    reader_max_tokens: int = 512
+    reader_concurrency: int = 64
+    reader_timeout_s: float = 60.0
+    reader_retries: int = 3
+    lexical_threshold: float = 0.5
+    chunk_tokens: int = 512
+    max_queries: int = 8
+    observation_max_tokens: int = 1024
+    max_turns: int = 9
+    tool_concurrency: bool = True
+    lockstep: bool = True
+    traces: bool = True
+    model_params: float | None = None
+    reader_gpus: int = 0
+    deepspeed_stage: int = 0
+    seed_data: int = 0
+
+
+@dataclass
+class TrainConfig:
+    """A resolved config: coordrl fields, GRPOConfig keyword arguments, and where it came from."""
+
+    coord: CoordConfig
+    grpo: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.coord), **self.grpo}
+
+
+def grpo_fields() -> dict[str, dataclasses.Field]:
+    from trl import GRPOConfig
+
+    return {f.name: f for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def _base_types(tp: Any) -> list[Any]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(tp) for t in _base_types(a)]
+    return [tp]
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML value or command-line string to the field's type; error names the key."""
+    if isinstance(tp, str):  # postponed annotations
+        tp = eval(tp, {**vars(typing), "Any": Any, "Path": Path})  # noqa: S307 - our own annotation strings
+    options = _base_types(tp)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if type(None) in options or typing.Any in options:
+            return None
+        raise ConfigError(f"{key}: may not be null")
+    errors = []
+    for opt in options:
+        if opt is type(None):
+            continue
+        try:
+            if opt is bool:
+                if isinstance(value, bool):
+                    return value
+                if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                    return value.lower() in ("true", "1", "yes")
+                raise ValueError("not a boolean")
+            if opt is int:
+                if isinstance(value, bool):
+                    raise ValueError("boolean given")
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError("not an integer")
+                return int(value)
+            if opt is float:
+                return float(value)
+            if opt is str:
+                if isinstance(value, (dict, list)):
+                    raise ValueError("not a string")
+                return str(value)
+            origin = typing.get_origin(opt) or opt
+            if origin in (list, dict, tuple) or opt is typing.Any:
+                if isinstance(value, str):
+                    parsed = yaml.safe_load(value)
+                    if isinstance(parsed, (list, dict)) or opt is typing.Any:
+                        return parsed
+                    if origin is list:
+                        return [parsed]
+                    raise ValueError("expected a mapping")
+                return value
+            if isinstance(opt, type) and issubclass(opt, __import__("enum").Enum):
+                return opt(value).value if not isinstance(value, opt) else value.value
+            return value
+        except (ValueError, TypeError) as e:
+            errors.append(str(e))
+    raise ConfigError(f"{key}: cannot use {value!r} ({'; '.join(errors) or 'wrong type'})")
+
+
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown config key {key!r} (neither a coordrl field nor a GRPOConfig field){hint}")
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """``["--max_steps", "2", "--bf16=false"]`` -> ``{"max_steps": "2", "bf16": "false"}``."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"expected --<field> VALUE, got {arg!r}")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"--{key} needs a value")
+            value = args[i + 1]
+            i += 2
+        out[key.replace("-", "_") if key.replace("-", "_") in _all_keys() else key] = value
+    return out
+
+
+def _all_keys() -> set[str]:
+    return {f.name for f in dataclasses.fields(CoordConfig)} | set(grpo_fields())
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML config (safe loader) and apply overrides; every key is checked and typed."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of field: value")
+    raw = {**raw, **(overrides or {})}
+    coord_fields = {f.name: f for f in dataclasses.fields(CoordConfig)}
+    trl_fields = grpo_fields()
+    coord_kwargs: dict[str, Any] = {}
+    grpo_kwargs: dict[str, Any] = {}
+    known = sorted(set(coord_fields) | set(trl_fields))
+    for key, value in raw.items():
+        if key in coord_fields:
+            coord_kwargs[key] = _coerce(key, value, coord_fields[key].type)
+        elif key in trl_fields:
+            grpo_kwargs[key] = _coerce(key, value, trl_fields[key].type)
+        else:
+            raise _unknown(key, known)
+    coord = CoordConfig(**coord_kwargs)
+    if coord.protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol: must be one of {PROTOCOLS}, got {coord.protocol!r}")
+    if not coord.model:
+        raise ConfigError("model: required (a local model folder or a hub id)")
+    if coord.max_turns < 1:
+        raise ConfigError("max_turns: must be >= 1")
+    grpo_kwargs.setdefault("max_tool_calling_iterations", coord.max_turns)
+    if grpo_kwargs["max_tool_calling_iterations"] != coord.max_turns:
+        raise ConfigError("max_tool_calling_iterations and max_turns disagree; set max_turns only")
+    return TrainConfig(coord=coord, grpo=grpo_kwargs, source=str(path) if path else "")

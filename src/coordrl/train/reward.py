@@ -1,0 +1,81 @@
+"""The training reward: exact match of the tagged answer, plus environment metrics and traces.
+
+TRL hands every reward function the local rollouts' environments and a ``log_metric`` hook, so the
+episode metrics (turns, queries per turn, reader calls, abstain rate, latency, tool failures, gold
+coverage) and the JSONL traces are produced here, next to the reward they explain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from coordrl.rewards import exact_match_reward, extract_answer
+
+
+class EpisodeReward:
+    """TRL reward function: binary EM; logs ``env/<metric>`` means and writes traces.
+
+    Args:
+        trace_dir: folder for ``rank<k>.jsonl`` traces (None: no traces).
+        rank: this process's rank (one trace file per rank, no cross-process writes).
+    """
+
+    __name__ = "exact_match"
+
+    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0) -> None:
+        self.trace_path = Path(trace_dir) / f"rank{rank}.jsonl" if trace_dir else None
+        if self.trace_path is not None:
+            self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(
+        self,
+        completions: Sequence[Any],
+        answers: Sequence[Any] | None = None,
+        environments: Sequence[Any] | None = None,
+        trainer_state: Any = None,
+        log_metric: Any = None,
+        **columns: Any,
+    ) -> list[float]:
+        rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
+        infos = [dict(getattr(e, "info", {}) or {}) for e in environments] if environments else []
+        if log_metric is not None and infos:
+            sums: dict[str, list[float]] = defaultdict(list)
+            for info in infos:
+                for k, v in info.items():
+                    if isinstance(v, (int, float)):
+                        sums[k].append(float(v))
+            for k, values in sums.items():
+                log_metric(f"env/{k}", sum(values) / len(values))
+        if self.trace_path is not None:
+            step = getattr(trainer_state, "global_step", None)
+            ids = columns.get("id") or [None] * len(completions)
+            questions = columns.get("question") or [None] * len(completions)
+            golds = answers if answers is not None else columns.get("answer") or [None] * len(completions)
+            with open(self.trace_path, "a", encoding="utf-8") as fh:
+                for i, completion in enumerate(completions):
+                    env = environments[i] if environments else None
+                    fh.write(
+                        json.dumps(
+                            {
+                                "step": step,
+                                "pid": os.getpid(),
+                                "id": ids[i],
+                                "question": questions[i],
+                                "answers": golds[i],
+                                "prediction": extract_answer(completion),
+                                "reward": rewards[i],
+                                "info": infos[i] if infos else {},
+                                "findings": getattr(env, "findings", []),
+                                "completion": completion,
+                            },
+                            ensure_ascii=False,
+                            default=str,
+                        )
+                        + "\n"
+                    )
+        return rewards

@@ -1,0 +1,207 @@
+"""`coordrl train`: build TRL's trainer from a config and run it (or print the plan).
+
+The same environment (`ParserEnvFactory`), prompts (`coordrl.envs.prompts`) and reward as
+evaluation and inference. Checkpoints land in ``<output_dir>/checkpoint-<step>/`` and record the
+config, protocol, prompts and reader settings (``coordrl_train.json``); a ``COMPLETE`` marker is
+written last, and ``--resume`` continues from the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from coordrl import __version__
+from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
+
+COMPLETE_MARKER = "COMPLETE"
+CHECKPOINT_META = "coordrl_train.json"
+TINY_MODEL = "coordrl:tiny-qwen3"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("COORDRL_CACHE", Path.home() / ".cache" / "coordrl"))
+
+
+def resolve_model(spec: str) -> str:
+    """A model path: ``coordrl:tiny-qwen3`` is built locally once (random weights, offline)."""
+    if spec == TINY_MODEL:
+        path = cache_dir() / "models" / "tiny-qwen3-seed0"
+        if not (path / "model.safetensors").exists():
+            from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
+
+            build_tiny_qwen3(path, seed=0)
+        return str(path)
+    return spec
+
+
+def env_config(coord: CoordConfig, tokenizer: str | None):
+    from coordrl.envs.parser import ParserEnvConfig
+
+    return ParserEnvConfig(
+        readers=coord.readers,
+        reader_model=coord.reader_model,
+        lexical_threshold=coord.lexical_threshold,
+        reader_max_tokens=coord.reader_max_tokens,
+        reader_concurrency=coord.reader_concurrency,
+        reader_timeout_s=coord.reader_timeout_s,
+        reader_retries=coord.reader_retries,
+        chunk_tokens=coord.chunk_tokens,
+        tokenizer=tokenizer,
+        max_queries=coord.max_queries,
+        observation_max_tokens=coord.observation_max_tokens,
+        max_turns=coord.max_turns,
+    )
+
+
+def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None):
+    """Load a built dataset folder, or build one from the shipped sample; add the ``prompt`` column."""
+    from coordrl.data.build import BuildConfig, build_dataset
+    from coordrl.data.show import load_built
+    from coordrl.envs.prompts import lead_prompt
+
+    if spec is None:
+        return None
+    if spec == "sample":
+        folder = output_dir / "data" / split
+        if not (folder / "state.json").exists():
+            # Training on the dev sample, evaluating on the disjoint train sample (held-out questions).
+            source = "sample" if split == "train" else str(_shipped_train_sample())
+            build_dataset(
+                BuildConfig(source=source, num_paragraphs=coord.sample_num_paragraphs, seed=coord.seed_data + (split != "train"), overwrite=True),
+                folder,
+            )
+        spec = str(folder)
+    ds = load_built(spec)
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    keep = {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "num_tokens"}
+    ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
+    return ds.map(lambda row: {"prompt": lead_prompt(row["question"])}, desc=f"prompts ({split})")
+
+
+def _shipped_train_sample() -> Path:
+    from coordrl.data.resources import shipped_path
+
+    return shipped_path("hotpotqa-train")
+
+
+def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest ``checkpoint-<step>`` holding the COMPLETE marker (interrupted saves are ignored)."""
+    output_dir = Path(output_dir)
+    if not output_dir.exists():
+        return None
+    steps = []
+    for p in output_dir.iterdir():
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        if m and (p / COMPLETE_MARKER).exists():
+            steps.append((int(m.group(1)), p))
+    return max(steps)[1] if steps else None
+
+
+def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
+    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
+    from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
+
+    env = env_config(cfg.coord, model_path)
+    return {
+        "coordrl_version": __version__,
+        "protocol": cfg.coord.protocol,
+        "base_model": cfg.coord.model,
+        "system_prompt": LEAD_SYSTEM_PROMPT,
+        "answer_format": f"{ANSWER_OPEN}...{ANSWER_CLOSE}",
+        "tools": ["query_agents"],
+        "env": asdict(env),
+        "config": cfg.to_dict(),
+    }
+
+
+def _callbacks(cfg: TrainConfig, model_path: str):
+    from transformers import TrainerCallback
+
+    meta = checkpoint_metadata(cfg, model_path)
+
+    class CheckpointRecorder(TrainerCallback):
+        """Writes the training metadata into each checkpoint, then the COMPLETE marker, last."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                if folder.exists():
+                    (folder / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+                    (folder / COMPLETE_MARKER).write_text(f"step {state.global_step}\n")
+            return control
+
+    return [CheckpointRecorder()]
+
+
+def _secret_safe_env() -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+        os.environ["WANDB_MODE"] = "offline"  # works without an account; `wandb sync` uploads later
+
+
+def build_trainer(cfg: TrainConfig):
+    """The configured `CoordGRPOTrainer` (not yet training)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from coordrl.envs.parser import ParserEnvFactory
+    from coordrl.train.reward import EpisodeReward
+    from coordrl.train.trainer import CoordGRPOTrainer
+
+    if cfg.coord.protocol != "parser":
+        raise ConfigError(f"protocol {cfg.coord.protocol!r} cannot be trained yet; use parser")
+    _secret_safe_env()
+    grpo_kwargs = dict(cfg.grpo)
+    grpo_kwargs.setdefault("output_dir", "runs/coordrl")
+    output_dir = Path(grpo_kwargs["output_dir"])
+    if "report_to" in grpo_kwargs and "wandb" in str(grpo_kwargs["report_to"]):
+        os.environ.setdefault("WANDB_DIR", str(output_dir))
+        os.environ.setdefault("WANDB_PROJECT", "coordrl")
+    args = GRPOConfig(**grpo_kwargs)
+    model_path = resolve_model(cfg.coord.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, use_safetensors=True, dtype="auto")
+    train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
+    eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
+    factory = ParserEnvFactory(env_config(cfg.coord, model_path), tokenizer=tokenizer)
+    rank = int(os.environ.get("RANK", "0"))
+    reward = EpisodeReward(output_dir / "traces" if cfg.coord.traces else None, rank=rank)
+    trainer = CoordGRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        environment_factory=factory,
+        callbacks=_callbacks(cfg, model_path),
+        tool_concurrency=cfg.coord.tool_concurrency,
+        lockstep=cfg.coord.lockstep,
+    )
+    (output_dir).mkdir(parents=True, exist_ok=True)
+    (output_dir / "coordrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str) + "\n")
+    return trainer
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> Path:
+    """Train; returns the output folder. ``resume`` continues from the newest complete checkpoint."""
+    trainer = build_trainer(cfg)
+    output_dir = Path(trainer.args.output_dir)
+    checkpoint = None
+    if resume:
+        checkpoint = latest_complete_checkpoint(output_dir)
+        if checkpoint is None:
+            raise ConfigError(f"--resume: no complete checkpoint in {output_dir}")
+        print(f"resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    trainer.save_model(str(output_dir / "final"))
+    meta = checkpoint_metadata(cfg, str(output_dir / "final"))
+    (output_dir / "final" / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    (output_dir / "final" / COMPLETE_MARKER).write_text("final\n")
+    return output_dir
