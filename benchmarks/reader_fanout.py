@@ -8,7 +8,9 @@ L = 0 (target <= 0.3 ms): client process CPU time per call, and wall time per ca
 
 Chunk text is synthetic (about 4 characters per token), so no tokenizer is needed.
 
-    .venv/bin/python benchmarks/reader_fanout.py [--concurrency 256] [--latencies 0.05 0.2]
+    .venv/bin/python benchmarks/reader_fanout.py [--concurrency 256] [--latencies 0.05 0.2] [--transport httpx]
+
+``--transport httpx`` measures httpx's default transport instead of LeanAsyncTransport, for comparison.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+import httpx  # noqa: E402
 
 from coordrl.rollout.openai_fleet import OpenAIReaderFleet  # noqa: E402
 from coordrl.rollout.readers_base import ReaderRequest  # noqa: E402
@@ -73,6 +77,19 @@ class FakeServerProcess:
         self.proc.wait(timeout=10)
 
 
+TRANSPORT = "lean"
+
+
+def make_fleet(url: str, concurrency: int) -> OpenAIReaderFleet:
+    transport = None
+    if TRANSPORT == "httpx":
+        n = concurrency
+        transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+    return OpenAIReaderFleet(
+        [url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=120, transport=transport
+    )
+
+
 async def broadcast(fleet: OpenAIReaderFleet, chunks: list[str], tag: str) -> tuple[float, int]:
     requests = [ReaderRequest(q, c, f"{tag}/{i}") for q in QUERIES for i, c in enumerate(chunks)]
     start = time.perf_counter()
@@ -85,7 +102,7 @@ async def broadcast(fleet: OpenAIReaderFleet, chunks: list[str], tag: str) -> tu
 
 
 async def run_latency(url: str, latency_s: float, concurrency: int, chunk_sets: dict[int, list[str]]) -> None:
-    fleet = OpenAIReaderFleet([url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=60)
+    fleet = make_fleet(url, concurrency)
     try:
         for chunk_tokens, chunks in chunk_sets.items():
             await broadcast(fleet, chunks[:concurrency], "warmup")  # open the pool's connections
@@ -101,7 +118,7 @@ async def run_latency(url: str, latency_s: float, concurrency: int, chunk_sets: 
 
 
 async def run_overhead(url: str, concurrency: int, chunks: list[str], rounds: int) -> None:
-    fleet = OpenAIReaderFleet([url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=60)
+    fleet = make_fleet(url, concurrency)
     try:
         await broadcast(fleet, chunks[:concurrency], "warmup")
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -126,10 +143,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="fleet max_concurrency (default 256)")
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.05, 0.2])
     parser.add_argument("--overhead-rounds", type=int, default=3, help="broadcasts at L=0 (default 3)")
+    parser.add_argument("--transport", choices=["lean", "httpx"], default="lean", help="client transport (default lean)")
     args = parser.parse_args()
+    global TRANSPORT
+    TRANSPORT = args.transport
 
     chunk_sets = {512: synthetic_chunks(512), 4096: synthetic_chunks(4096)}
-    print(f"document {DOC_TOKENS} tokens; 2 queries per reader; concurrency {args.concurrency}")
+    print(f"document {DOC_TOKENS} tokens; 2 queries per reader; concurrency {args.concurrency}; transport {args.transport}")
     for latency in args.latencies:
         with FakeServerProcess(latency) as server:
             asyncio.run(run_latency(server.url, latency, args.concurrency, chunk_sets))

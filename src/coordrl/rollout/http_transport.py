@@ -63,29 +63,22 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme != "http":
             if self._fallback is None:
-                limits = httpx.Limits(max_connections=self.max_idle_per_host, max_keepalive_connections=self.max_idle_per_host)
-                self._fallback = httpx.AsyncHTTPTransport(limits=limits)
+                n = self.max_idle_per_host
+                self._fallback = httpx.AsyncHTTPTransport(
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                )
             return await self._fallback.handle_async_request(request)
         key = (request.url.host, request.url.port or 80)
         payload = self._serialise(request, await request.aread())
-        conn, reused = await self._checkout(key)
-        try:
-            return await self._exchange(conn, key, request, payload)
-        except _StaleConnection:
-            if not reused:
-                raise httpx.RemoteProtocolError("server closed the connection without a response", request=request)
-            # The server dropped a kept-alive connection between our requests: no byte of the
-            # request was processed, so sending it once more on a new connection is safe.
-            conn, _ = await self._checkout(key, fresh=True)
-            try:
-                return await self._exchange(conn, key, request, payload)
-            except _StaleConnection:
-                raise httpx.RemoteProtocolError("server closed the connection without a response", request=request) from None
+        conn = await self._checkout(key)
+        return await self._exchange(conn, key, request, payload)
 
     @staticmethod
     def _serialise(request: httpx.Request, body: bytes) -> bytes:
         url = request.url
-        host = url.host if url.port in (None, 80) else f"{url.host}:{url.port}"
+        host = f"[{url.host}]" if ":" in url.host else url.host  # IPv6 literals keep their brackets
+        if url.port not in (None, 80):
+            host = f"{host}:{url.port}"
         lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (request.method.encode(), url.raw_path, host.encode())]
         for name, value in request.headers.raw:
             if name.lower() not in _SKIP_HEADERS and name.lower() != b"content-length":
@@ -94,12 +87,14 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
         lines.append(body)
         return b"".join(lines)
 
-    async def _checkout(self, key: tuple[str, int], fresh: bool = False) -> tuple[_Conn, bool]:
+    async def _checkout(self, key: tuple[str, int]) -> _Conn:
+        # No transparent re-send on a dropped kept-alive connection: the caller's retry policy
+        # decides, and counts the attempt. Idle connections the server closed are weeded out here.
         stack = self._idle.get(key)
-        while stack and not fresh:
+        while stack:
             conn = stack.pop()
             if conn.usable():
-                return conn, True
+                return conn
             conn.close()
         try:
             reader, writer = await asyncio.wait_for(
@@ -109,7 +104,7 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from exc
         except OSError as exc:
             raise httpx.ConnectError(f"{key[0]}:{key[1]}: {exc}") from exc
-        return _Conn(reader, writer), False
+        return _Conn(reader, writer)
 
     def _checkin(self, key: tuple[str, int], conn: _Conn) -> None:
         stack = self._idle.setdefault(key, [])
@@ -118,20 +113,21 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
         else:
             conn.close()
 
-    async def _exchange(self, conn: _Conn, key: tuple[str, int], request: httpx.Request, payload: bytes) -> httpx.Response:
+    async def _exchange(
+        self, conn: _Conn, key: tuple[str, int], request: httpx.Request, payload: bytes
+    ) -> httpx.Response:
         keep = False
         try:
             try:
                 conn.writer.write(payload)
                 await conn.writer.drain()
             except OSError as exc:
-                raise _StaleConnection from exc
+                raise httpx.WriteError(str(exc), request=request) from exc
             try:
                 head = await conn.reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError as exc:
-                if not exc.partial:
-                    raise _StaleConnection from exc
-                raise httpx.RemoteProtocolError("truncated response head", request=request) from exc
+                what = "truncated response head" if exc.partial else "server closed the connection without a response"
+                raise httpx.RemoteProtocolError(what, request=request) from exc
             except asyncio.LimitOverrunError as exc:
                 raise httpx.RemoteProtocolError("response head too large", request=request) from exc
             except OSError as exc:
@@ -163,10 +159,6 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
         if self._fallback is not None:
             await self._fallback.aclose()
             self._fallback = None
-
-
-class _StaleConnection(Exception):
-    """The connection failed before any response byte arrived."""
 
 
 def _parse_head(head: bytes, request: httpx.Request) -> tuple[int, dict[bytes, bytes], bool]:

@@ -1,9 +1,12 @@
 """A reader fleet served by OpenAI-compatible chat servers (vLLM replicas, or a hosted API).
 
-One ``httpx.AsyncClient`` is shared by every request, with a connection pool as large as the
+One ``httpx.AsyncClient`` is shared by every request, with as many connections as the
 concurrency bound, so a broadcast of thousands of reader calls costs little more than the server
-time. Each chunk is pinned to one replica by a stable hash of its ``chunk_key``: every query to a
-chunk lands where that chunk's prefix is already cached.
+time. For ``http://`` servers the client runs on
+:class:`~coordrl.rollout.http_transport.LeanAsyncTransport`: httpx's default transport costs
+milliseconds per call at a few hundred connections (see there). Each chunk is pinned to one
+replica by a stable hash of its ``chunk_key``: every query to a chunk lands where that chunk's
+prefix is already cached.
 
 Failures never raise: after the retry budget a request comes back as
 ``ReaderResult(ok=False, error=...)`` so that an episode can go on without that reader.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
@@ -22,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from coordrl.rollout.http_transport import LeanAsyncTransport
 from coordrl.rollout.reader_prompt import READER_CHAT_TEMPLATE_KWARGS, reader_messages, sanitize_reader_text
 from coordrl.rollout.readers_base import ReaderRequest, ReaderResult
 
@@ -102,6 +107,8 @@ class OpenAIReaderFleet:
         temperature: sampling temperature (default 0.0: readers are frozen and deterministic).
         extra_body: extra request fields merged last (e.g. ``{"top_p": 1.0}``); the default sends
             ``chat_template_kwargs={"enable_thinking": False}``.
+        transport: the httpx transport; default :class:`LeanAsyncTransport` (``https`` URLs go
+            through httpx's own transport). Pass ``httpx.AsyncHTTPTransport(...)`` to use httpx's.
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class OpenAIReaderFleet:
         max_tokens: int = 512,
         temperature: float = 0.0,
         extra_body: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not urls:
             raise ValueError("OpenAIReaderFleet needs at least one server URL")
@@ -134,6 +142,7 @@ class OpenAIReaderFleet:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.extra_body = dict(extra_body or {})
+        self._transport_override = transport
         self._endpoints = [u + "/v1/chat/completions" for u in self.urls]
         # Created lazily: an AsyncClient binds to the event loop that first uses it.
         self._client: httpx.AsyncClient | None = None
@@ -156,13 +165,10 @@ class OpenAIReaderFleet:
         # old one belongs to a closed loop and cannot even be closed from here.
         if self._client is None or self._semaphore is None or self._loop is not loop:
             self._loop = loop
-            limits = httpx.Limits(
-                max_connections=self.max_concurrency,
-                max_keepalive_connections=self.max_concurrency,
-            )
+            transport = self._transport_override or LeanAsyncTransport(max_idle_per_host=self.max_concurrency)
             # Per-attempt deadlines are enforced with asyncio.timeout, which covers the whole
             # exchange; httpx's own timeouts are per read/write and only a backstop here.
-            self._client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(self.timeout_s))
+            self._client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(self.timeout_s))
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
         return self._client, self._semaphore
 
@@ -170,11 +176,12 @@ class OpenAIReaderFleet:
         """Base URL of the replica that serves ``chunk_key`` (see :func:`replica_index`)."""
         return self.urls[replica_index(chunk_key, len(self.urls))]
 
-    def _headers(self) -> dict[str, str] | None:
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        return {"Authorization": f"Bearer {key}"} if key else None
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
 
     def request_body(self, request: ReaderRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (prompt from :func:`reader_messages`)."""
@@ -188,10 +195,10 @@ class OpenAIReaderFleet:
         body.update(self.extra_body)
         return body
 
-    async def _attempt(self, client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> str:
+    async def _attempt(self, client: httpx.AsyncClient, endpoint: str, payload: bytes) -> str:
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await client.post(endpoint, json=body, headers=self._headers())
+                response = await client.post(endpoint, content=payload, headers=self._headers())
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise _Retryable(f"timeout after {self.timeout_s}s") from exc
         except httpx.TransportError as exc:  # refused, reset, protocol error, ...
@@ -210,7 +217,8 @@ class OpenAIReaderFleet:
     async def _answer_one(self, request: ReaderRequest) -> ReaderResult:
         client, semaphore = self._ensure_client()
         endpoint = self._endpoints[replica_index(request.chunk_key, len(self._endpoints))]
-        body = self.request_body(request)
+        # Encoded once for all attempts; ASCII escaping is the fastest path of the json C encoder.
+        payload = json.dumps(self.request_body(request), separators=(",", ":")).encode()
         start = time.perf_counter()
         error = "no attempt made"
         attempts = 0
@@ -220,7 +228,7 @@ class OpenAIReaderFleet:
             attempts += 1
             try:
                 async with semaphore:
-                    text = await self._attempt(client, endpoint, body)
+                    text = await self._attempt(client, endpoint, payload)
             except _Retryable as exc:
                 error = str(exc)
                 continue
@@ -232,7 +240,7 @@ class OpenAIReaderFleet:
                 break
             text = sanitize_reader_text(_THINK_BLOCK.sub("", text, count=1).strip())
             return ReaderResult(text=text, latency_s=time.perf_counter() - start, attempts=attempts)
-        logger.warning("reader request to %s failed after %d attempt(s): %s", endpoint, attempts, error)
+        logger.debug("reader request to %s failed after %d attempt(s): %s", endpoint, attempts, error)
         return ReaderResult(
             text="", ok=False, error=error, latency_s=time.perf_counter() - start, attempts=attempts
         )
@@ -243,7 +251,12 @@ class OpenAIReaderFleet:
         """Answer every request concurrently (at most ``max_concurrency`` in flight), in request order."""
         if not requests:
             return []
-        return list(await asyncio.gather(*(self._answer_one(r) for r in requests)))
+        results = list(await asyncio.gather(*(self._answer_one(r) for r in requests)))
+        failed = [r for r in results if not r.ok]
+        if failed:
+            # One line per batch: an outage must not print a warning per reader.
+            logger.warning("%d of %d reader requests failed; first error: %s", len(failed), len(results), failed[0].error)
+        return results
 
     async def health(self) -> dict[str, bool]:
         """Health of every replica, by base URL (see :func:`health`)."""

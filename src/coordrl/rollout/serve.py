@@ -247,9 +247,8 @@ class ReaderServerGroup:
                 details = "\n".join(
                     f"--- {s.name} ({s.url}), log {s.log_path}:\n{s.log_tail()}" for s in pending
                 )
-                raise ReaderServerError(
-                    f"reader server(s) {', '.join(s.name for s in pending)} not healthy after {timeout_s:.0f}s\n{details}"
-                )
+                names = ", ".join(s.name for s in pending)
+                raise ReaderServerError(f"reader server(s) {names} not healthy after {timeout_s:.0f}s\n{details}")
             time.sleep(poll_s)
 
     def check_alive(self) -> None:
@@ -332,7 +331,7 @@ def start_reader_servers(
     return ReaderServerGroup(servers).start(startup_timeout_s)
 
 
-# vLLM >= 0.9 names them vllm:prefix_cache_{queries,hits}_total; older V1 releases used a gpu_ prefix.
+# vLLM 0.32 names them vllm:prefix_cache_{queries,hits}_total; some older releases used a gpu_ prefix.
 _PREFIX_COUNTER = re.compile(r"^vllm:(?:gpu_)?prefix_cache_(queries|hits)_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
 
 

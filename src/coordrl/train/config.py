@@ -50,6 +50,12 @@ class CoordConfig:
         reader_gpus: GPUs dedicated to reader servers (for ``--dry-run`` and ``scripts/launch_grpo.sh``).
         deepspeed_stage: ZeRO stage the launch uses (0 = none), for ``--dry-run``.
         seed_data: seed of an on-the-fly build.
+        deepspeed_offload: ZeRO offload (plan and launch): optimizer state and gradient partitions on CPU
+            (stage 2 and 3), parameters too (stage 3), like the PARSER setup; default False.
+        policy_server_gpus: GPUs per node for TRL's vLLM policy server when ``vllm_mode: server``
+            (plan and launch; single node only); default 0.
+        allow_truncated_rollouts: let ``max_completion_length`` be smaller than ``max_turns`` full rounds
+            need at the per-turn cap (the plan then warns instead of refusing); default False.
     """
 
     protocol: str = "parser"
@@ -76,6 +82,9 @@ class CoordConfig:
     reader_gpus: int = 0
     deepspeed_stage: int = 0
     seed_data: int = 0
+    deepspeed_offload: bool = False
+    policy_server_gpus: int = 0
+    allow_truncated_rollouts: bool = False
 
 
 @dataclass
@@ -108,7 +117,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if isinstance(tp, str):  # postponed annotations
         tp = eval(tp, {**vars(typing), "Any": Any, "Path": Path})  # noqa: S307 - our own annotation strings
     options = _base_types(tp)
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+    if value is None or (isinstance(value, str) and value.lower() in ("null", "~")):
         if type(None) in options or typing.Any in options:
             return None
         raise ConfigError(f"{key}: may not be null")

@@ -145,8 +145,13 @@ def _secret_safe_env() -> None:
         os.environ["WANDB_MODE"] = "offline"  # works without an account; `wandb sync` uploads later
 
 
-def build_trainer(cfg: TrainConfig):
-    """The configured `CoordGRPOTrainer` (not yet training)."""
+def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=None):
+    """The configured `CoordGRPOTrainer` (not yet training).
+
+    Args:
+        trainer_cls: a `CoordGRPOTrainer` subclass to use instead (tests, benchmarks).
+        fleet: a reader fleet to use instead of the one the config describes.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
@@ -167,12 +172,16 @@ def build_trainer(cfg: TrainConfig):
     model_path = resolve_model(cfg.coord.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, use_safetensors=True, dtype="auto")
-    train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
-    eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
-    factory = ParserEnvFactory(env_config(cfg.coord, model_path), tokenizer=tokenizer)
+    from accelerate import PartialState
+
+    # Rank 0 builds an on-the-fly dataset; the other ranks wait and then read it.
+    with PartialState().main_process_first():
+        train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
+        eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
+    factory = ParserEnvFactory(env_config(cfg.coord, model_path), fleet=fleet, tokenizer=tokenizer)
     rank = int(os.environ.get("RANK", "0"))
     reward = EpisodeReward(output_dir / "traces" if cfg.coord.traces else None, rank=rank)
-    trainer = CoordGRPOTrainer(
+    trainer = (trainer_cls or CoordGRPOTrainer)(
         model=model,
         reward_funcs=[reward],
         args=args,
@@ -189,9 +198,9 @@ def build_trainer(cfg: TrainConfig):
     return trainer
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> Path:
+def train(cfg: TrainConfig, resume: bool = False, **build_kwargs: Any) -> Path:
     """Train; returns the output folder. ``resume`` continues from the newest complete checkpoint."""
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg, **build_kwargs)
     output_dir = Path(trainer.args.output_dir)
     checkpoint = None
     if resume:

@@ -116,7 +116,7 @@ class CoordGRPOTrainer(GRPOTrainer):
         self.lockstep = lockstep
         self._in_tool_loop = False
         self._joining = False
-        self.tool_loop_stats = {"rounds": 0, "batched_rounds": 0, "max_parallel_calls": 0, "generation_rounds": 0, "dummy_rounds": 0}
+        self.tool_loop_stats = {"batched_rounds": 0, "max_parallel_calls": 0, "generation_rounds": 0, "dummy_rounds": 0}
         super().__init__(*args, **kwargs)
 
     # -- 1. concurrent tools ------------------------------------------------------------------------
@@ -151,10 +151,15 @@ class CoordGRPOTrainer(GRPOTrainer):
         return bool(flag.item())
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        # The flag exchange precedes the generator's own collectives on every rank, active or joining.
         if self._in_tool_loop and not self._joining:
             self.tool_loop_stats["generation_rounds"] += 1
             if self._lockstep_on():
                 self._any_rank_active(True)
+        return self._backend_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _backend_generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generator (vLLM or transformers); the one seam tests replace with scripted ids."""
         return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _join_remaining_rounds(self, prompt_ids) -> None:
@@ -164,7 +169,7 @@ class CoordGRPOTrainer(GRPOTrainer):
         while self._any_rank_active(False):
             self._joining = True
             try:
-                super()._generate_single_turn(dummy, None, {}, num_generations=1)
+                self._generate_single_turn(dummy, None, {}, num_generations=1)
             finally:
                 self._joining = False
             self.tool_loop_stats["dummy_rounds"] += 1
