@@ -37,7 +37,7 @@ trap 'kill "$SAMPLER" 2>/dev/null || true' EXIT
 echo "== coordrl train: $STEPS steps on GPU $CUDA_VISIBLE_DEVICES (log: $OUT/train.log)"
 rc=0
 "$PYTHON" -m coordrl.cli train --config "$REPO/configs/tiny_cpu.yaml" --model "$OUT/tiny-qwen3" \
-  --bf16 true --use_cpu false --max_steps "$STEPS" --save_steps "$STEPS" --output_dir "$OUT/run" \
+  --bf16 true --use_cpu false --max_steps "$STEPS" --save_steps "$STEPS" --output_dir "$OUT/run" --report_to none \
   2>&1 | tee "$OUT/train.log" || rc=$?
 kill "$SAMPLER" 2>/dev/null || true
 
