@@ -1,8 +1,9 @@
 """The README's main job on embedded defaults: offline, CPU, minutes.
 
-Today it builds a distractor-packed training set and a small evaluation sweep from the real
-HotpotQA sample shipped with coordrl, prints their statistics and shows one sample chunked the way
-readers will see it. Training, evaluation and export join it as they land.
+It builds a distractor-packed training set and a small evaluation sweep from the real HotpotQA
+sample shipped with coordrl, shows one sample chunked the way readers see it, plays one PARSER
+episode with the scripted baseline lead and lexical readers, and runs a few GRPO steps of the tiny
+offline policy through TRL (`configs/tiny_cpu.yaml`), writing checkpoints and wandb offline logs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _rule(title: str) -> None:
 def run_demo(out: Path, workers: int = 1) -> int:
     t0 = time.perf_counter()
     out = Path(out)
-    _rule("1/3 training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
+    _rule("1/5 training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
     stats = build_dataset(BuildConfig(seed=0, workers=workers, jsonl=False, overwrite=True), out / "train")
     p, t = stats["paragraphs"], stats["tokens"]
     print(
@@ -31,7 +32,7 @@ def run_demo(out: Path, workers: int = 1) -> int:
         f"(min {t['min']:,}, max {t['max']:,}); gold paragraphs per tenth of the document: {stats['gold_position_deciles']}"
     )
 
-    _rule("2/3 evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
+    _rule("2/5 evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
     manifest = build_sweep(
         SweepConfig(questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True),
         out / "sweep",
@@ -40,11 +41,48 @@ def run_demo(out: Path, workers: int = 1) -> int:
         s = sub["stats"]
         print(f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}")
 
-    _rule("3/3 one training sample, and how 512-token reader chunks cover it")
+    _rule("3/5 one training sample, and how 512-token reader chunks cover it")
     print(show_sample(out / "train", 0, max_chars=700))
     sample = load_built(out / "train")[0]
     chunks = chunk_context(sample["context"], cached_counter(None).tokenizer, 512, sample["doc_offsets"])
     gold_chunks = [c.index for c in chunks if set(c.documents) & set(sample["gold_documents"])]
     print(f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}")
-    print(f"\ndone in {time.perf_counter() - t0:.0f} s; datasets and cards (README.md) under {out}")
+
+    _rule("4/5 one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+    from coordrl.envs.step import StepEnv
+    from coordrl.rollout.episode import format_episode, run_episode
+    from coordrl.rollout.policies import ScriptedLead
+
+    tokenizer = cached_counter(None).tokenizer
+    factory = ParserEnvFactory(ParserEnvConfig(max_turns=12), tokenizer=tokenizer)
+    episode = run_episode(StepEnv(factory(), ChatCodec(tokenizer), max_turns=12), ScriptedLead(), sample)
+    print(format_episode(episode, max_chars=400))
+
+    _rule("5/5 GRPO on TRL: tiny offline policy, lexical readers (configs/tiny_cpu.yaml)")
+    from coordrl.train.config import load_config
+    from coordrl.train.run import latest_complete_checkpoint, train
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    if not config.exists():
+        print(f"skipped: {config} not found (run the demo from a coordrl checkout)")
+    else:
+        run_dir = out / "grpo"
+        cfg = load_config(config, {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
+        train(cfg)
+        rewards = [h["reward"] for h in _log_history(run_dir) if "reward" in h]
+        print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
+        print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
+        print(f"wandb offline logs: {run_dir / 'wandb'}; rollout traces: {run_dir / 'traces'}")
+    print(f"\ndone in {time.perf_counter() - t0:.0f} s; everything under {out}")
     return 0
+
+
+def _log_history(run_dir: Path) -> list[dict]:
+    import json
+
+    ckpt = max(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]), default=None)
+    if ckpt is None or not (ckpt / "trainer_state.json").exists():
+        return []
+    return json.loads((ckpt / "trainer_state.json").read_text())["log_history"]
