@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from coordrl.envs.parser import ParserEnvConfig
+
 PROTOCOLS = ("parser", "hmars")
 
 
@@ -25,8 +27,12 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class CoordConfig:
+class CoordConfig(ParserEnvConfig):
     """coordrl's own training fields (everything else in the YAML goes to ``GRPOConfig``).
+
+    Inherits the environment settings of `ParserEnvConfig` (readers, reader_model,
+    lexical_threshold, reader_* limits, chunk_tokens, tokenizer, max_queries,
+    observation_max_tokens, max_turns), so the YAML names them directly.
 
     Attributes:
         protocol: coordinator protocol, ``parser`` (PARSER lead agent) or ``hmars``.
@@ -37,10 +43,8 @@ class CoordConfig:
             HotpotQA train questions), or None for no evaluation.
         eval_samples: cap on evaluation samples (None: all).
         sample_num_paragraphs: paragraphs per sample when building from the shipped sample.
-        readers / reader_model / reader_max_tokens / reader_concurrency / reader_timeout_s /
-        reader_retries / lexical_threshold / chunk_tokens / max_queries / observation_max_tokens:
-            environment settings (see `coordrl.envs.parser.ParserEnvConfig`).
-        max_turns: tool rounds per rollout; sets TRL's ``max_tool_calling_iterations``.
+        max_turns (inherited): tool rounds per rollout; sets TRL's ``max_tool_calling_iterations``.
+        tokenizer (inherited): chunking/observation tokenizer; None means the policy's.
         tool_concurrency: run each tool round's calls for all rollouts concurrently (TRL runs them
             one after another); off only for comparison.
         lockstep: keep all ranks in step through the tool loop (needed with vLLM server mode,
@@ -64,17 +68,6 @@ class CoordConfig:
     eval_data: str | None = None
     eval_samples: int | None = None
     sample_num_paragraphs: int = 200
-    readers: str = "lexical"
-    reader_model: str | None = None
-    reader_max_tokens: int = 512
-    reader_concurrency: int = 64
-    reader_timeout_s: float = 60.0
-    reader_retries: int = 3
-    lexical_threshold: float = 0.5
-    chunk_tokens: int = 512
-    max_queries: int = 8
-    observation_max_tokens: int = 1024
-    max_turns: int = 9
     tool_concurrency: bool = True
     lockstep: bool = True
     traces: bool = True
@@ -97,6 +90,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.coord), **self.grpo}
+
+    def env_config(self, tokenizer: str | None = None) -> ParserEnvConfig:
+        """The environment settings of this run; ``tokenizer`` defaults to the config's, else the policy's."""
+        values = {f.name: getattr(self.coord, f.name) for f in dataclasses.fields(ParserEnvConfig)}
+        values["tokenizer"] = self.coord.tokenizer or tokenizer
+        return ParserEnvConfig(**values)
 
 
 def grpo_fields() -> dict[str, dataclasses.Field]:

@@ -39,25 +39,6 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-def env_config(coord: CoordConfig, tokenizer: str | None):
-    from coordrl.envs.parser import ParserEnvConfig
-
-    return ParserEnvConfig(
-        readers=coord.readers,
-        reader_model=coord.reader_model,
-        lexical_threshold=coord.lexical_threshold,
-        reader_max_tokens=coord.reader_max_tokens,
-        reader_concurrency=coord.reader_concurrency,
-        reader_timeout_s=coord.reader_timeout_s,
-        reader_retries=coord.reader_retries,
-        chunk_tokens=coord.chunk_tokens,
-        tokenizer=tokenizer,
-        max_queries=coord.max_queries,
-        observation_max_tokens=coord.observation_max_tokens,
-        max_turns=coord.max_turns,
-    )
-
-
 def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None):
     """Load a built dataset folder, or build one from the shipped sample; add the ``prompt`` column."""
     from coordrl.data.build import BuildConfig, build_dataset
@@ -107,7 +88,7 @@ def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
     from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
     from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 
-    env = env_config(cfg.coord, model_path)
+    env = cfg.env_config(model_path)
     return {
         "coordrl_version": __version__,
         "protocol": cfg.coord.protocol,
@@ -178,7 +159,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     with PartialState().main_process_first():
         train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
         eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
-    factory = ParserEnvFactory(env_config(cfg.coord, model_path), fleet=fleet, tokenizer=tokenizer)
+    factory = ParserEnvFactory(cfg.env_config(model_path), fleet=fleet, tokenizer=tokenizer)
     rank = int(os.environ.get("RANK", "0"))
     reward = EpisodeReward(output_dir / "traces" if cfg.coord.traces else None, rank=rank)
     trainer = (trainer_cls or CoordGRPOTrainer)(
