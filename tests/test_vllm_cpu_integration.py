@@ -137,6 +137,24 @@ def test_prefix_cache_serves_repeated_queries_over_the_same_chunks(server, model
     assert hit_rate >= 0.90
 
 
+def test_rollout_cli_episode_against_the_real_reader_server(server, model_dir, tmp_path, capsys):
+    """`coordrl rollout` with vLLM readers: the newcomer's path from the README."""
+    import json
+
+    from coordrl.cli import main
+    from coordrl.data import BuildConfig, build_dataset
+
+    data = tmp_path / "ds"
+    build_dataset(BuildConfig(seed=0, num_samples=1, num_paragraphs=6), data)
+    rc = main(["rollout", "--data", str(data), "--readers", server.url, "--reader-model", model_dir, "--chunk-tokens", "512", "--json"])
+    assert rc == 0
+    episode = json.loads(capsys.readouterr().out)
+    info = episode["info"]
+    assert info["reader_calls"] == info["chunks"] >= 2 and info["reader_errors"] == 0
+    tool_message = next(m for m in episode["messages"] if m["role"] == "tool")
+    assert "readers for 1 query" in tool_message["content"]
+
+
 def test_server_killed_mid_batch_then_restarted(server, model_dir, chunks):
     """Runs last: it kills and restarts the module's server."""
     # Short prompts and 512 forced answer tokens: the batch takes seconds, so the kill lands mid-batch.
