@@ -145,7 +145,7 @@ def test_rollout_cli_episode_against_the_real_reader_server(server, model_dir, t
     from coordrl.data import BuildConfig, build_dataset
 
     data = tmp_path / "ds"
-    build_dataset(BuildConfig(seed=0, num_samples=1, num_paragraphs=6), data)
+    build_dataset(BuildConfig(seed=0, num_samples=1, num_paragraphs=12), data)
     rc = main(["rollout", "--data", str(data), "--readers", server.url, "--reader-model", model_dir, "--chunk-tokens", "512", "--json"])
     assert rc == 0
     episode = json.loads(capsys.readouterr().out)

@@ -136,13 +136,30 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    import contextlib
     import json
+
+    # Libraries print chatter on import (transformers announces wandb offline mode on stdout);
+    # keep stdout for the episode itself so `--json` output parses.
+    with contextlib.redirect_stdout(sys.stderr):
+        episode = _rollout_episode(args)
+    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False) if args.json else _format(episode))
+    return 0
+
+
+def _format(episode):
+    from coordrl.rollout.episode import format_episode
+
+    return format_episode(episode)
+
+
+def _rollout_episode(args: argparse.Namespace):
 
     from coordrl.data.show import load_built
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
     from coordrl.envs.step import StepEnv
-    from coordrl.rollout.episode import format_episode, run_episode
+    from coordrl.rollout.episode import run_episode
     from coordrl.rollout.policies import HFPolicy, ScriptedLead
 
     if args.protocol != "parser":
@@ -166,11 +183,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        episode = run_episode(env, policy, ds[args.sample])
+        return run_episode(env, policy, ds[args.sample])
     finally:
         factory.close()
-    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False) if args.json else format_episode(episode))
-    return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

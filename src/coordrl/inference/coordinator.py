@@ -1,0 +1,420 @@
+"""The inference API: answer a question about a raw document with a trained coordinator.
+
+    from coordrl.inference.coordinator import Coordinator
+
+    coord = Coordinator.from_pretrained("exports/parser-4b", readers="lexical")
+    result = coord.answer(document_text, "Who directed the film?")
+    result.answer, result.evidence, result.trace
+
+The document is wrapped and chunked by the same environment that training and evaluation use
+(`ParserLeadEnv.reset(context=document)`), episodes run through the same `StepEnv` loop, and the
+policy runs in-process with transformers or on an OpenAI-compatible server (``policy_url``, e.g.
+``vllm serve <export>``) through `OpenAIPolicy` with token-id prompts, so it sees the tokens it was
+trained on. Evaluation settings apply by default: 4,096-token reader chunks and 12 tool rounds.
+
+``coordrl answer --policy DIR --document FILE --question TEXT`` is the command-line form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordrl.data.errors import DataError
+from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
+
+__all__ = [
+    "Answer",
+    "Coordinator",
+    "DEFAULT_MAX_DOCUMENT_TOKENS",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "InputError",
+    "SerialPolicy",
+    "add_answer_parser",
+    "load_policy",
+]
+
+DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
+# Per-turn generation cap for policies that recorded none (plain models, hub ids).
+DEFAULT_MAX_NEW_TOKENS = 512
+# ``Document 3:`` headers as coordrl lays contexts out; when present, evidence names its Documents.
+_DOC_HEADER = re.compile(r"^Document (\d+):\n", re.MULTILINE)
+
+
+class InputError(DataError):
+    """A document or question `Coordinator.answer` cannot take; the message names the problem."""
+
+
+@dataclass
+class Answer:
+    """What `Coordinator.answer` returns.
+
+    Attributes:
+        answer: the text inside the final ``<answer>...</answer>``; None when the policy gave none
+            (ran out of tool rounds, or its last turn holds no answer tag).
+        trace: the whole conversation (system, user, assistant turns with tool calls, tool results).
+        evidence: every reader finding the policy saw: ``{chunk, documents, text, query, turn}``
+            (``documents`` lists ``Document N`` numbers when the text uses coordrl's layout).
+        info: episode metrics (turns, reader calls, latencies, ...), ``seconds``, ``document_tokens``.
+    """
+
+    answer: str | None
+    trace: list[dict[str, Any]]
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SerialPolicy:
+    """Lets one in-process model serve many threads: generation is serialised behind a lock
+    (a CPU/GPU forward pass gains nothing from interleaving), while readers of other episodes keep
+    running concurrently."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.name = getattr(policy, "name", type(policy).__name__)
+        self._lock = threading.Lock()
+
+    def act(self, env):
+        with self._lock:
+            return self.policy.act(env)
+
+
+def load_policy(
+    source: PolicySource,
+    *,
+    policy_url: str | None = None,
+    served_model: str | None = None,
+    device: str | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    weights: str | None = None,
+    timeout_s: float = 300.0,
+    max_retries: int = 2,
+):
+    """``(policy, tokenizer)`` for a resolved policy.
+
+    Args:
+        source: from `resolve_policy`.
+        policy_url: an OpenAI-compatible server serving the policy (`OpenAIPolicy`); None (default):
+            transformers in-process (`HFPolicy`, serialised with `SerialPolicy`).
+        served_model: the model name on that server (default: the first one ``/v1/models`` lists).
+        device: in-process device (default: cuda when available, else cpu).
+        max_new_tokens: tokens per assistant turn (default: training's per-turn cap when recorded,
+            else 512).
+        temperature: 0 (default) decodes greedily.
+        seed: sampling seed.
+        weights: load weights and tokenizer from here instead of ``source.path`` (the ``prompted``
+            baseline: the base model with the trained policy's prompt and settings).
+        timeout_s / max_retries: per-request limits of the server policy (default 300 s, 2 retries).
+    """
+    from coordrl.rollout.openai_policy import OpenAIPolicy
+    from coordrl.rollout.policies import HFPolicy, ScriptedLead
+
+    if source.kind == "scripted":
+        from coordrl.data.tokens import load_tokenizer
+
+        return ScriptedLead(), load_tokenizer(None)
+    path = weights or source.path
+    assert path is not None
+    budget = max_new_tokens or source.generation.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
+    try:
+        if policy_url:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            policy = OpenAIPolicy(
+                policy_url, served_model, tokenizer, max_new_tokens=budget, temperature=temperature,
+                seed=seed, timeout_s=timeout_s, max_retries=max_retries,
+            )  # fmt: skip
+            return policy, tokenizer
+        policy = HFPolicy(path, max_new_tokens=budget, temperature=temperature, seed=seed, device=device)
+    except (OSError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise PolicyError(f"cannot load policy {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return SerialPolicy(policy), policy.tokenizer
+
+
+def _decode_document(document: str | bytes) -> str:
+    if isinstance(document, (bytes, bytearray, memoryview)):
+        raw = bytes(document)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"document is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason}); "
+                "re-encode it as UTF-8"
+            ) from None
+        return text.removeprefix("\ufeff")  # a BOM is an encoding mark, not document text
+    if isinstance(document, str):
+        return document
+    raise InputError(f"document must be str or bytes, got {type(document).__name__}")
+
+
+def _doc_offsets(text: str) -> list[int] | None:
+    """Character offsets of ``Document 1:``, ``Document 2:``, ... headers when numbered 1..n in order."""
+    matches = list(_DOC_HEADER.finditer(text))
+    if matches and [int(m.group(1)) for m in matches] == list(range(1, len(matches) + 1)):
+        return [m.start() for m in matches]
+    return None
+
+
+class Coordinator:
+    """A trained coordinator with its readers, ready to answer questions about documents.
+
+    Build with `from_pretrained`. Thread-safe: `answer` may run from several threads at once
+    (`answer_batch` does); an in-process model generates for one episode at a time.
+
+    Args:
+        policy: an object with ``act(env)`` (`HFPolicy`, `OpenAIPolicy`, `ScriptedLead`).
+        tokenizer: the policy's tokenizer.
+        source: the resolved policy (prompt, settings).
+        env_config: `ParserEnvConfig` of the readers, chunking and turn cap.
+        max_document_tokens: longest document accepted, in policy tokens (default 1,000,000).
+        max_completion_tokens: cap on all turns and tool results of one episode (default None: none).
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        tokenizer: Any,
+        source: PolicySource,
+        env_config: Any,
+        *,
+        max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        from coordrl.envs.chat import ChatCodec
+        from coordrl.envs.parser import ParserEnvFactory
+
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.source = source
+        self.config = env_config
+        self.max_document_tokens = max_document_tokens
+        self.max_completion_tokens = max_completion_tokens
+        self.codec = ChatCodec(tokenizer)
+        self._factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        folder: str | Path,
+        readers: str = "lexical",
+        reader_model: str | None = None,
+        policy_url: str | None = None,
+        device: str | None = None,
+        max_turns: int | None = None,
+        chunk_tokens: int | None = None,
+        *,
+        served_model: str | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS,
+    ) -> Coordinator:
+        """Load a policy (export, checkpoint, model folder, hub id or ``scripted``) and its readers.
+
+        Args:
+            folder: the policy (see `resolve_policy`); settings are read from its
+                ``coordrl_policy.json`` / ``coordrl_train.json`` when present.
+            readers: ``lexical`` (default, model-free) or comma-separated reader server URLs.
+            reader_model: the model name served at the reader URLs.
+            policy_url: serve the policy from this OpenAI-compatible server (e.g. ``vllm serve
+                <export>``) instead of in-process transformers (default None).
+            device: in-process device (default: cuda when available).
+            max_turns: tool rounds per question (default 12, PARSER's evaluation cap).
+            chunk_tokens: tokens per reader chunk (default 4096, PARSER's evaluation size).
+            served_model: model name on ``policy_url`` (default: discovered from ``/v1/models``).
+            max_new_tokens: tokens per policy turn (default: training's cap, else 512).
+            temperature: 0 (default): greedy.
+            seed: sampling seed (default 0).
+            max_document_tokens: longest document accepted (default 1,000,000 tokens).
+        """
+        source = resolve_policy(folder)
+        try:
+            env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens)
+            from coordrl.rollout.fleet import make_fleet  # validate the reader spec now, not mid-episode
+
+            make_fleet(env_config.readers, env_config.reader_model)
+        except ValueError as e:
+            if isinstance(e, DataError):
+                raise
+            raise InputError(str(e)) from None
+        policy, tokenizer = load_policy(
+            source, policy_url=policy_url, served_model=served_model, device=device,
+            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        )  # fmt: skip
+        return cls(policy, tokenizer, source, env_config, max_document_tokens=max_document_tokens)
+
+    # -- answering -------------------------------------------------------------------------------
+
+    def _validate(self, document: str | bytes, question: str | bytes) -> tuple[str, str, int]:
+        text = _decode_document(document)
+        if not text.strip():
+            raise InputError("document is empty")
+        if isinstance(question, (bytes, bytearray)):
+            try:
+                question = bytes(question).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"question is not valid UTF-8 ({e.reason} at offset {e.start})") from None
+        if not isinstance(question, str) or not question.strip():
+            raise InputError("question is empty")
+        n_tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n_tokens > self.max_document_tokens:
+            raise InputError(
+                f"document has {n_tokens:,} tokens, more than the limit of {self.max_document_tokens:,} "
+                "(max_document_tokens); split it or raise the limit"
+            )
+        return text, " ".join(question.split()), n_tokens
+
+    def answer(self, document: str | bytes, question: str) -> Answer:
+        """Answer ``question`` about ``document`` (raw text, or UTF-8 bytes decoded strictly).
+
+        Raises `InputError` for an empty document, bytes that are not UTF-8, a document over
+        ``max_document_tokens`` or an empty question; a failed policy request raises
+        `coordrl.rollout.openai_policy.PolicyRequestError`.
+        """
+        text, question, n_tokens = self._validate(document, question)
+        return self._run(text, question, n_tokens)
+
+    def _run(self, text: str, question: str, n_tokens: int) -> Answer:
+        from coordrl.envs.step import StepEnv
+        from coordrl.rollout.episode import run_episode
+
+        env = StepEnv(
+            self._factory(), self.codec, max_turns=self.config.max_turns,
+            max_completion_tokens=self.max_completion_tokens, prompt_fn=lambda row: self.source.prompt(row["question"]),
+        )  # fmt: skip
+        row = {"id": "input", "question": question, "context": text, "doc_offsets": _doc_offsets(text), "answers": [""]}
+        t0 = time.perf_counter()
+        episode = run_episode(env, self.policy, row)
+        info = dict(episode.info)
+        info.pop("gold_coverage", None)  # no gold evidence at inference
+        info.update(seconds=round(time.perf_counter() - t0, 3), document_tokens=n_tokens, answered=episode.prediction is not None)
+        evidence = [
+            {"chunk": f["chunk"], "documents": list(f["documents"]), "text": f["text"], "query": f["query"], "turn": f["turn"]}
+            for f in episode.findings
+        ]
+        return Answer(answer=episode.prediction, trace=episode.messages, evidence=evidence, info=info)
+
+    async def aanswer(self, document: str | bytes, question: str) -> Answer:
+        """`answer` for async code: runs in a worker thread, so the caller's event loop stays free."""
+        return await asyncio.to_thread(self.answer, document, question)
+
+    def answer_batch(self, items: Sequence[tuple[str | bytes, str]], concurrency: int = 4) -> list[Answer]:
+        """Answer many ``(document, question)`` pairs, ``concurrency`` at a time (default 4), in order.
+
+        Every input is validated before any episode starts; a bad one raises `InputError` naming
+        its index.
+        """
+        checked = []
+        for i, pair in enumerate(items):
+            try:
+                document, question = pair
+                checked.append(self._validate(document, question))
+            except InputError as e:
+                raise InputError(f"item {i}: {e}") from None
+            except (TypeError, ValueError):
+                raise InputError(f"item {i}: expected a (document, question) pair") from None
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(lambda c: self._run(*c), checked))
+
+    def close(self) -> None:
+        """Close the reader connections (and the policy's HTTP client)."""
+        self._factory.close()
+        close = getattr(getattr(self.policy, "policy", self.policy), "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    if str(args.document) == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        path = Path(args.document)
+        if not path.is_file():
+            raise InputError(f"--document {path}: no such file")
+        raw = path.read_bytes()
+    coord = Coordinator.from_pretrained(
+        args.policy, readers=args.readers, reader_model=args.reader_model, policy_url=args.policy_url,
+        device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
+        max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens,
+    )  # fmt: skip
+    try:
+        result = coord.answer(raw, args.question)
+    finally:
+        coord.close()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(result.answer if result.answer is not None else "(no answer)")
+        i = result.info
+        print(
+            f"[{i.get('turns', 0)} round(s), {i.get('reader_calls', 0)} reader calls, {len(result.evidence)} finding(s), "
+            f"{i.get('chunks', 0)} chunks, {i.get('seconds', 0):.1f} s]",
+            file=sys.stderr,
+        )
+    return 0 if result.answer is not None else 1
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``coordrl answer``."""
+    p = sub.add_parser(
+        "answer",
+        help="answer a question about a document with a trained coordinator",
+        description=(
+            "Answer QUESTION about the text in FILE with a policy (export, checkpoint, model folder or hub id) and "
+            "its readers. Prints the answer (exit 0) or '(no answer)' (exit 1); --json prints answer, trace, evidence and info."
+        ),
+    )
+    p.add_argument("--policy", required=True, help="export or checkpoint folder, model folder, hub id, or 'scripted'")
+    p.add_argument("--document", required=True, help="a UTF-8 text file ('-': standard input)")
+    p.add_argument("--question", required=True)
+    p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
+    p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
+    p.add_argument("--policy-url", default=None, help="OpenAI-compatible server serving the policy (e.g. vllm serve EXPORT); default: in-process")
+    p.add_argument("--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)")
+    p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
+    p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds (default 12)")
+    p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
+    p.add_argument("--max-new-tokens", type=_positive, default=None, help="tokens per policy turn (default: training's cap, else 512)")
+    p.add_argument("--max-document-tokens", type=_positive, default=DEFAULT_MAX_DOCUMENT_TOKENS, help="longest document accepted (default 1000000)")
+    p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
+    p.set_defaults(func=_cmd_answer)
+    return p
