@@ -133,7 +133,7 @@ class FaultInjectingFleet:
 
     async def answer(self, requests):
         out = []
-        for i, r in enumerate(requests):
+        for r in requests:
             chunk = int(r.chunk_text.split(":", 1)[0].split()[-1])
             if chunk in self.down:
                 out.append(ReaderResult("", ok=False, error="timeout after 4 attempts", latency_s=1.0, attempts=4))

@@ -4,7 +4,6 @@ import asyncio
 import json
 import random
 
-import pytest
 
 from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.chat import ChatCodec

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from coordrl.testing import LatencyInjectingFleet, scripted_trainer_class
 from coordrl.train.config import ConfigError, load_config
-from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, build_trainer, latest_complete_checkpoint, train
+from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, build_trainer, latest_complete_checkpoint
 from coordrl.train.trainer import CoordGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ def show_sample(folder: str | Path, index: int = 0, max_chars: int = 1500) -> st
             f"sample {index} of {len(ds)}: id {s['id']} ({s['dataset']}, {s['type'] or 'untyped'}{', ' + s['variant'] if s['variant'] else ''})",
             f"question: {s['question']}",
             f"answers: {s['answers']}",
-            f"gold: " + ", ".join(f"{t!r} = Document {d}" for t, d in zip(s["gold_titles"], s["gold_documents"])),
+            "gold: " + ", ".join(f"{t!r} = Document {d}" for t, d in zip(s["gold_titles"], s["gold_documents"])),
             f"supporting facts: {facts}",
             f"{s['num_paragraphs']} paragraphs, {s['num_tokens']:,} tokens, seed {s['seed']}, sample index {s['sample_index']}",
             "context:",
