@@ -170,3 +170,13 @@ def test_document_text_cannot_become_a_tool_call(tok):
     step = env.step("<answer>x</answer>")
     assert step.terminated and step.reward == 1.0
     assert all(not m.get("tool_calls") for m in env.messages[-1:])
+
+
+def test_rollouts_of_one_sample_share_its_chunks(samples, tok):
+    factory = ParserEnvFactory(ParserEnvConfig(), tokenizer=tok)
+    a, b = factory(), factory()
+    a.reset(**samples[0])
+    b.reset(**samples[0])
+    assert factory.chunk_cache.hits == 1 and a.chunks == b.chunks
+    b.reset(**samples[1])
+    assert b.chunks != a.chunks and factory.chunk_cache.hits == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -100,10 +100,11 @@ class ParserLeadEnv:
     ``chunk_tokens``, or precomputed ``chunks`` (list of strings) with optional ``chunk_documents``.
     """
 
-    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer) -> None:
+    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: "ChunkCache | None" = None) -> None:
         self._config = config
         self._fleet = fleet
         self._tokenizer = tokenizer
+        self._chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache(0)
         self._row: dict[str, Any] = {}
         self._chunks: list[Chunk] = []
         self._keys: list[str] = []
@@ -124,7 +125,10 @@ class ParserLeadEnv:
             docs = row.get("chunk_documents") or [[] for _ in texts]
             self._chunks = [Chunk(i, t, 0, 0, 0, 0, tuple(d)) for i, (t, d) in enumerate(zip(texts, docs, strict=True))]
         elif isinstance(row.get("context"), str) and row["context"]:
-            self._chunks = chunk_context(row["context"], self._tokenizer, self._config.chunk_tokens, row.get("doc_offsets"))
+            self._chunks = self._chunk_cache.get(
+                row["context"], self._config.chunk_tokens, row.get("doc_offsets"),
+                lambda: chunk_context(row["context"], self._tokenizer, self._config.chunk_tokens, row.get("doc_offsets")),
+            )  # fmt: skip
         else:
             raise ValueError(f"sample {rid!r}: needs a non-empty 'context' or 'chunks' field")
         # A content hash, not an index: the same chunk text routes to the same reader replica (prefix cache).
@@ -297,6 +301,31 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(out)
 
 
+class ChunkCache:
+    """Chunks of recent contexts: GRPO resets several rollouts on the same sample, and chunking a
+    long context (tokenizing it) is the costly part of ``reset``. Chunks are immutable, so sharing is safe."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, list[Chunk]] = OrderedDict()
+        self.hits = 0
+
+    def get(self, context: str, chunk_tokens: int, doc_offsets: Sequence[int] | None, compute) -> list[Chunk]:
+        if self.max_entries <= 0:
+            return compute()
+        key = (hashlib.sha1(context.encode()).digest(), chunk_tokens, tuple(doc_offsets or ()))
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return found
+        chunks = compute()
+        self._entries[key] = chunks
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return chunks
+
+
 class ParserEnvFactory:
     """``environment_factory`` for TRL: every call returns a fresh `ParserLeadEnv` sharing one
     reader fleet and tokenizer (created on first use)."""
@@ -305,6 +334,7 @@ class ParserEnvFactory:
         self.config = config or ParserEnvConfig()
         self._fleet = fleet
         self._tokenizer = tokenizer
+        self.chunk_cache = ChunkCache()
 
     @property
     def fleet(self) -> ReaderFleet:
@@ -332,7 +362,7 @@ class ParserEnvFactory:
         return self._tokenizer
 
     def __call__(self) -> ParserLeadEnv:
-        return ParserLeadEnv(self.config, self.fleet, self.tokenizer)
+        return ParserLeadEnv(self.config, self.fleet, self.tokenizer, self.chunk_cache)
 
     def close(self) -> None:
         if self._fleet is not None:
