@@ -258,6 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     from coordrl.rollout.serve import add_serve_readers_parser
 
     add_serve_readers_parser(sub)
+    from coordrl.inference.coordinator import add_answer_parser
+    from coordrl.inference.export import add_export_parser
+    from coordrl.rollout.evaluate import add_eval_parser
+
+    add_eval_parser(sub)
+    add_export_parser(sub)
+    add_answer_parser(sub)
+    from coordrl.envs.hmars_index import add_index_parser
+
+    add_index_parser(sub)
 
     data = sub.add_parser("data", help="build training sets and evaluation sweeps")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")

@@ -28,16 +28,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from coordrl.data.errors import DataError
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
 
 __all__ = [
-    "Answer",
-    "Coordinator",
     "DEFAULT_MAX_DOCUMENT_TOKENS",
     "DEFAULT_MAX_NEW_TOKENS",
+    "Answer",
+    "Coordinator",
     "InputError",
     "SerialPolicy",
     "add_answer_parser",
@@ -248,7 +248,9 @@ class Coordinator:
         source = resolve_policy(folder)
         try:
             env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens)
-            from coordrl.rollout.fleet import make_fleet  # validate the reader spec now, not mid-episode
+            from coordrl.rollout.fleet import (
+                make_fleet,  # validate the reader spec now, not mid-episode
+            )
 
             make_fleet(env_config.readers, env_config.reader_model)
         except ValueError as e:
@@ -341,7 +343,7 @@ class Coordinator:
         if callable(close):
             close()
 
-    def __enter__(self) -> Coordinator:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

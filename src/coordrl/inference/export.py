@@ -36,9 +36,9 @@ __all__ = [
     "EVAL_CHUNK_TOKENS",
     "EVAL_MAX_TURNS",
     "POLICY_META",
+    "VLLM_TOOL_FLAGS",
     "PolicyError",
     "PolicySource",
-    "VLLM_TOOL_FLAGS",
     "add_export_parser",
     "check_checkpoint",
     "export_policy",
@@ -525,8 +525,8 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         serve + ("" if qwen else "   # hermes fits Qwen-family templates; pick the parser of your model family"),
         "```",
         "",
-        "This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
-        "`/v1/completions` with token-id prompts (exactly the training tokens):",
+        ("This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
+        "`/v1/completions` with token-id prompts (exactly the training tokens):"),
         "",
         "```bash",
         f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000 --readers lexical \\",
@@ -541,13 +541,13 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         "print(result.answer, result.evidence)",
         "```",
         "",
-        "Without `policy_url` the model runs in-process with transformers. Readers: `lexical` (model-free) or "
-        "comma-separated URLs of OpenAI-compatible reader servers (`coordrl serve-readers`) with `reader_model`.",
+        ("Without `policy_url` the model runs in-process with transformers. Readers: `lexical` (model-free) or "
+        "comma-separated URLs of OpenAI-compatible reader servers (`coordrl serve-readers`) with `reader_model`."),
         "",
         "## Protocol",
         "",
-        f"- tool: `query_agents(queries: list[str])`, at most {meta.get('max_queries')} queries per call; "
-        f"observations truncated at {meta.get('observation_max_tokens')} tokens with a visible marker",
+        (f"- tool: `query_agents(queries: list[str])`, at most {meta.get('max_queries')} queries per call; "
+        f"observations truncated at {meta.get('observation_max_tokens')} tokens with a visible marker"),
         f"- user message: `{meta.get('user_message_format')}`; final answer: `{meta.get('answer_format')}`",
         f"- turn caps: {meta['turn_caps']['train_max_turns']} tool rounds in training, {meta['turn_caps']['eval_max_turns']} for evaluation",
         f"- reader chunks: {meta['chunk_tokens']['train']} tokens in training, {meta['chunk_tokens']['eval']} for evaluation",

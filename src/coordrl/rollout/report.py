@@ -28,7 +28,7 @@ def _num(digits: int) -> Callable[[Any], str]:
 
 
 def _int(v: Any) -> str:
-    return "–" if v is None else f"{int(round(v)):,}"
+    return "–" if v is None else f"{round(v):,}"
 
 
 # (key, header, formatter) of the per-length table.
@@ -104,8 +104,8 @@ def render_results_md(results: dict[str, Any]) -> str:
         f"- data: `{results['data']}`; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else ""),
         f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
         f"temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else ""),
-        f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
-        "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample",
+        (f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
+        "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"),
         "",
         "## Accuracy by length",
         "",
@@ -125,8 +125,8 @@ def render_results_md(results: dict[str, Any]) -> str:
         lines += _table(header, [[c["variant"], _int(c.get("tokens_mean"))] + [f(c["metrics"].get(k)) for k, _, f in COLUMNS] for c in controls])
     if results.get("fullcontext"):
         fc = results["fullcontext"]
-        lines += ["", f"Full-context baseline: window {fc['window']:,} tokens; {fc['truncated']} of {fc['samples']} documents "
-                  f"middle-truncated, {fc['cut_tokens_total']:,} tokens cut in all (mean {fc['cut_tokens_mean']:,.0f} per sample)."]  # fmt: skip
+        lines += ["", (f"Full-context baseline: window {fc['window']:,} tokens; {fc['truncated']} of {fc['samples']} documents "
+                  f"middle-truncated, {fc['cut_tokens_total']:,} tokens cut in all (mean {fc['cut_tokens_mean']:,.0f} per sample).")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -146,13 +146,18 @@ def plot_accuracy(results_list: Sequence[dict[str, Any]], path: str | Path, name
 
     path = Path(path)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    ticks: set[float] = set()
     for results, label in zip(results_list, _labels(results_list, names)):
         rows = _length_rows(results)
         xs = [r["paragraphs"] for r in rows]
+        ticks.update(xs)
         for ax, metric in zip(axes, ("sub_em", "em")):
             ax.plot(xs, [100 * (r["metrics"].get(metric) or 0.0) for r in rows], marker="o", label=label)
     for ax, title in zip(axes, ("sub_em (reference)", "exact match")):
         ax.set_xscale("log", base=2)
+        if ticks:  # label the measured lengths themselves, not powers of two
+            ax.set_xticks(sorted(ticks), [f"{int(t):,}" for t in sorted(ticks)])
+            ax.minorticks_off()
         ax.set_xlabel("document length (paragraphs)")
         ax.set_ylabel(f"{title} (%)")
         ax.set_title(title)

