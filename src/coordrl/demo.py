@@ -2,8 +2,9 @@
 
 It builds a distractor-packed training set and a small evaluation sweep from the real HotpotQA
 sample shipped with coordrl, shows one sample chunked the way readers see it, plays one PARSER
-episode with the scripted baseline lead and lexical readers, and runs a few GRPO steps of the tiny
-offline policy through TRL (`configs/tiny_cpu.yaml`), writing checkpoints and wandb offline logs.
+episode with the scripted baseline lead and lexical readers, runs a few GRPO steps of the tiny
+offline policy through TRL (`configs/tiny_cpu.yaml`), then evaluates the checkpoint on the sweep,
+exports it, and answers a question with the exported policy through the inference API.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _rule(title: str) -> None:
 def run_demo(out: Path, workers: int = 1) -> int:
     t0 = time.perf_counter()
     out = Path(out)
-    _rule("1/5 training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
+    _rule("1/7 training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
     stats = build_dataset(BuildConfig(seed=0, workers=workers, jsonl=False, overwrite=True), out / "train")
     p, t = stats["paragraphs"], stats["tokens"]
     print(
@@ -32,7 +33,7 @@ def run_demo(out: Path, workers: int = 1) -> int:
         f"(min {t['min']:,}, max {t['max']:,}); gold paragraphs per tenth of the document: {stats['gold_position_deciles']}"
     )
 
-    _rule("2/5 evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
+    _rule("2/7 evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
     manifest = build_sweep(
         SweepConfig(questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True),
         out / "sweep",
@@ -41,14 +42,14 @@ def run_demo(out: Path, workers: int = 1) -> int:
         s = sub["stats"]
         print(f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}")
 
-    _rule("3/5 one training sample, and how 512-token reader chunks cover it")
+    _rule("3/7 one training sample, and how 512-token reader chunks cover it")
     print(show_sample(out / "train", 0, max_chars=700))
     sample = load_built(out / "train")[0]
     chunks = chunk_context(sample["context"], cached_counter(None).tokenizer, 512, sample["doc_offsets"])
     gold_chunks = [c.index for c in chunks if set(c.documents) & set(sample["gold_documents"])]
     print(f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}")
 
-    _rule("4/5 one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
+    _rule("4/7 one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
     from coordrl.envs.step import StepEnv
@@ -60,7 +61,7 @@ def run_demo(out: Path, workers: int = 1) -> int:
     episode = run_episode(StepEnv(factory(), ChatCodec(tokenizer), max_turns=12), ScriptedLead(), sample)
     print(format_episode(episode, max_chars=400))
 
-    _rule("5/5 GRPO on TRL: tiny offline policy, lexical readers (configs/tiny_cpu.yaml)")
+    _rule("5/7 GRPO on TRL: tiny offline policy, lexical readers (configs/tiny_cpu.yaml)")
     from coordrl.train.config import load_config
     from coordrl.train.run import latest_complete_checkpoint, train
 
@@ -75,8 +76,29 @@ def run_demo(out: Path, workers: int = 1) -> int:
         print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
         print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
         print(f"wandb offline logs: {run_dir / 'wandb'}; rollout traces: {run_dir / 'traces'}")
+        _evaluate_export_answer(out, run_dir / "final", sample)
     print(f"\ndone in {time.perf_counter() - t0:.0f} s; everything under {out}")
     return 0
+
+
+def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict) -> None:
+    from coordrl.inference.coordinator import Coordinator
+    from coordrl.inference.export import export_policy
+    from coordrl.rollout.evaluate import EvalConfig, evaluate
+
+    _rule("6/7 evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
+    eval_dir = out / "eval"
+    evaluate(EvalConfig(policy=str(checkpoint), data=str(out / "sweep"), out=str(eval_dir), limit=2, overwrite=True))
+    print((eval_dir / "results.md").read_text())
+    print(f"plot: {eval_dir / 'accuracy_vs_length.png'}; traces: {eval_dir / 'traces'}")
+
+    _rule("7/7 export the policy and answer a question with it (inference API)")
+    exported = export_policy(checkpoint, out / "export", eval_dir=eval_dir, overwrite=True)
+    print(f"exported to {exported}: {sorted(p.name for p in exported.iterdir())}")
+    with Coordinator.from_pretrained(exported, readers="lexical") as coordinator:
+        result = coordinator.answer(sample["context"], sample["question"])
+    print(f"question: {sample['question']}\nanswer: {result.answer!r} (gold {sample['answers']}); "
+          f"{len(result.evidence)} findings, {result.info.get('tool_rounds', 0)} tool rounds")
 
 
 def _log_history(run_dir: Path) -> list[dict]:
