@@ -1,0 +1,1 @@
+"""GRPO training of coordinator policies on TRL: config, trainer subclass, reward, launch plan."""
