@@ -147,3 +147,18 @@ def test_two_ranks_with_different_round_counts_stay_in_lockstep(tmp_path):
     assert stats[0]["collectives"] == stats[1]["collectives"]
     assert stats[0]["stats"]["generation_rounds"] == 3 * 2 and stats[0]["stats"]["dummy_rounds"] == 0
     assert stats[1]["stats"]["generation_rounds"] == 1 * 2 and stats[1]["stats"]["dummy_rounds"] == 2 * 2
+
+
+def test_hmars_protocol_trains_with_the_environment_reward(tmp_path):
+    c = load_config(
+        ROOT / "configs" / "hmars_tiny_cpu.yaml",
+        {"output_dir": str(tmp_path / "hm"), "max_steps": "1", "save_steps": "1", "sample_num_paragraphs": "30"},
+    )
+    call = {"name": "broadcast", "arguments": {"interpretation": "Find the nationality of both people.", "hints": {"s1": "Scott Derrickson"}}}
+    trainer = build_trainer(c, trainer_cls=scripted_trainer_class(CoordGRPOTrainer, rounds=1, call=call))
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "env/broadcasts" in h)
+    assert log["env/broadcasts"] == 1 and log["env/selector_calls"] > 0 and log["env/answer_calls"] == 1
+    assert "rewards/MidAgentEnv/mean" in log and log["tools/call_frequency"] == 1
+    meta = json.loads((Path(c.grpo["output_dir"]) / "checkpoint-1" / CHECKPOINT_META).read_text())
+    assert meta["protocol"] == "hmars" and meta["tools"] == ["broadcast"] and meta["env"]["c_sub"] == 2048

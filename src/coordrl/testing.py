@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
 
 
-def scripted_trainer_class(base: type, rounds: int | Callable[[int], int], query: str = "Who directed the film?") -> type:
+def scripted_trainer_class(base: type, rounds: int | Callable[[int], int], query: str = "Who directed the film?", call: dict | None = None) -> type:
     """A trainer class whose generator is scripted: each rollout makes ``rounds`` tool calls
     (``rounds(rank)`` when callable, so ranks can differ), then answers ``<answer>unknown</answer>``.
+    The call is ``query_agents`` with ``query``, or ``call`` (``{"name": ..., "arguments": ...}``) when given.
 
     Only the generator seam ``_backend_generate`` is replaced (a generation test double); TRL's tool loop,
     parsing, masking, rewards and loss run unchanged on the returned ids.
@@ -29,8 +30,8 @@ def scripted_trainer_class(base: type, rounds: int | Callable[[int], int], query
             done = sum(1 for t in prompt if t == marker)
             want = rounds(int(os.environ.get("RANK", "0"))) if callable(rounds) else rounds
             if done < want:
-                call = json.dumps({"name": "query_agents", "arguments": {"queries": [f"{query} (round {done + 1})"]}})
-                text = f"<tool_call>\n{call}\n</tool_call>"
+                body = call or {"name": "query_agents", "arguments": {"queries": [f"{query} (round {done + 1})"]}}
+                text = f"<tool_call>\n{json.dumps(body)}\n</tool_call>"
             else:
                 text = "<answer>unknown</answer>"
             return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]

@@ -38,7 +38,11 @@ class CoordConfig(ParserEnvConfig):
         protocol: coordinator protocol, ``parser`` (PARSER lead agent) or ``hmars``.
         model: policy: a local folder or a hub id (any Hugging Face causal LM with a chat template TRL knows).
         train_data: a dataset folder from ``coordrl data build``, or ``sample`` to build one from the
-            shipped HotpotQA sample into ``<output_dir>/data/train`` (with ``sample_num_paragraphs``).
+            shipped HotpotQA sample into ``<output_dir>/data/train`` (with ``sample_num_paragraphs``), or
+            ``world`` for the synthetic multi-hop world (`coordrl.data.world`, seeded by ``seed_data``).
+        eval_data (``world``): the world's held-out questions (chains never seen in training).
+        world_train_size / world_heldout_size: questions built for ``world`` data; default 4000 / 200.
+        max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
         eval_data: a dataset folder for TRL's periodic evaluation (``sample``: held-out shipped
             HotpotQA train questions), or None for no evaluation.
         eval_samples: cap on evaluation samples (None: all).
@@ -58,6 +62,9 @@ class CoordConfig(ParserEnvConfig):
             (stage 2 and 3), parameters too (stage 3), like the PARSER setup; default False.
         policy_server_gpus: GPUs per node for TRL's vLLM policy server when ``vllm_mode: server``
             (plan and launch; single node only); default 0.
+        hmars: settings of the HMARS mid-agent environment for ``protocol: hmars`` (keys of
+            `coordrl.envs.hmars.HmarsEnvConfig`: c_sub, page_tokens, group_size, selector/answerer/writer
+            backends, mode, reward terms, index_cache, ...); unknown keys are an error.
         allow_truncated_rollouts: let ``max_completion_length`` be smaller than ``max_turns`` full rounds
             need at the per-turn cap (the plan then warns instead of refusing); default False.
     """
@@ -78,6 +85,10 @@ class CoordConfig(ParserEnvConfig):
     deepspeed_offload: bool = False
     policy_server_gpus: int = 0
     allow_truncated_rollouts: bool = False
+    hmars: dict | None = None
+    world_train_size: int = 4000
+    world_heldout_size: int = 200
+    max_train_minutes: float | None = None
 
 
 @dataclass
@@ -225,6 +236,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError("model: required (a local model folder or a hub id)")
     if coord.max_turns < 1:
         raise ConfigError("max_turns: must be >= 1")
+    if coord.hmars is not None:
+        from coordrl.envs.hmars import HmarsEnvConfig
+
+        known_hmars = {f.name for f in dataclasses.fields(HmarsEnvConfig)}
+        bad = sorted(set(coord.hmars) - known_hmars)
+        if bad:
+            raise ConfigError(f"hmars: unknown key(s) {bad}; known: {sorted(known_hmars)}")
     grpo_kwargs.setdefault("max_tool_calling_iterations", coord.max_turns)
     if grpo_kwargs["max_tool_calling_iterations"] != coord.max_turns:
         raise ConfigError("max_tool_calling_iterations and max_turns disagree; set max_turns only")

@@ -27,7 +27,10 @@ class EpisodeReward:
 
     __name__ = "exact_match"
 
-    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0) -> None:
+    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0, score: bool = True) -> None:
+        # score=False: the environment owns the reward (TRL adds its get_reward column); this
+        # function then only logs metrics and traces and returns None (ignored by TRL's nansum).
+        self.score = score
         self.trace_path = Path(trace_dir) / f"rank{rank}.jsonl" if trace_dir else None
         if self.trace_path is not None:
             self.trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,8 +43,11 @@ class EpisodeReward:
         trainer_state: Any = None,
         log_metric: Any = None,
         **columns: Any,
-    ) -> list[float]:
-        rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
+    ) -> list[float | None]:
+        if self.score:
+            rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
+        else:
+            rewards = [e.get_reward() if hasattr(e, "get_reward") else None for e in environments] if environments else [None] * len(completions)
         infos = [dict(getattr(e, "info", {}) or {}) for e in environments] if environments else []
         if log_metric is not None and infos:
             sums: dict[str, list[float]] = defaultdict(list)
@@ -78,4 +84,4 @@ class EpisodeReward:
                         )
                         + "\n"
                     )
-        return rewards
+        return rewards if self.score else [None] * len(completions)

@@ -21,6 +21,7 @@ from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
 COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_META = "coordrl_train.json"
 TINY_MODEL = "coordrl:tiny-qwen3"
+WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world (issue 7)
 
 
 def cache_dir() -> Path:
@@ -36,6 +37,8 @@ def resolve_model(spec: str) -> str:
 
             build_tiny_qwen3(path, seed=0)
         return str(path)
+    if spec == WORLD_MODEL:
+        return str(Path(__file__).resolve().parents[1] / "resources" / "warm_start")
     return spec
 
 
@@ -57,12 +60,24 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
                 folder,
             )
         spec = str(folder)
+    elif spec == "world":
+        # The synthetic multi-hop world (coordrl.data.world): training chains, or the held-out ones.
+        from coordrl.data.world import build_world_dataset
+
+        root = output_dir / "data" / f"world-seed{coord.seed_data}"
+        if not (root / "world.json").exists():
+            build_world_dataset(root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data)
+        spec = str(root / ("train" if split == "train" else "heldout"))
     ds = load_built(spec)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     keep = {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "num_tokens"}
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
-    return ds.map(lambda row: {"prompt": lead_prompt(row["question"])}, desc=f"prompts ({split})")
+    if coord.protocol == "hmars":
+        from coordrl.envs.hmars_prompts import hmars_prompt as make_prompt
+    else:
+        make_prompt = lead_prompt
+    return ds.map(lambda row: {"prompt": make_prompt(row["question"])}, desc=f"prompts ({split})")
 
 
 def _shipped_train_sample() -> Path:
@@ -88,15 +103,23 @@ def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
     from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
     from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 
-    env = cfg.env_config(model_path)
+    if cfg.coord.protocol == "hmars":
+        from coordrl.envs.hmars import HmarsEnvConfig
+        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
+
+        settings = dict(cfg.coord.hmars or {})
+        settings.setdefault("tokenizer", cfg.coord.tokenizer or model_path)
+        system_prompt, tools, env = MID_AGENT_SYSTEM_PROMPT, ["broadcast"], asdict(HmarsEnvConfig(**settings))
+    else:
+        system_prompt, tools, env = LEAD_SYSTEM_PROMPT, ["query_agents"], asdict(cfg.env_config(model_path))
     return {
         "coordrl_version": __version__,
         "protocol": cfg.coord.protocol,
         "base_model": cfg.coord.model,
-        "system_prompt": LEAD_SYSTEM_PROMPT,
+        "system_prompt": system_prompt,
         "answer_format": f"{ANSWER_OPEN}...{ANSWER_CLOSE}",
-        "tools": ["query_agents"],
-        "env": asdict(env),
+        "tools": tools,
+        "env": env,
         "config": cfg.to_dict(),
     }
 
@@ -104,7 +127,22 @@ def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
 def _callbacks(cfg: TrainConfig, model_path: str):
     from transformers import TrainerCallback
 
+    import time
+
     meta = checkpoint_metadata(cfg, model_path)
+    limit = cfg.coord.max_train_minutes
+
+    class TimeLimit(TrainerCallback):
+        """Stops training (after the current step, then saves) once ``max_train_minutes`` have passed."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.t0 > limit * 60:
+                control.should_training_stop = True
+                control.should_save = True
+            return control
 
     class CheckpointRecorder(TrainerCallback):
         """Writes the training metadata into each checkpoint, then the COMPLETE marker, last."""
@@ -117,13 +155,22 @@ def _callbacks(cfg: TrainConfig, model_path: str):
                     (folder / COMPLETE_MARKER).write_text(f"step {state.global_step}\n")
             return control
 
-    return [CheckpointRecorder()]
+    return [CheckpointRecorder()] + ([TimeLimit()] if limit else [])
 
 
 def _secret_safe_env() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
         os.environ["WANDB_MODE"] = "offline"  # works without an account; `wandb sync` uploads later
+
+
+def hmars_factory(cfg: TrainConfig, model_path: str, tokenizer):
+    """The HMARS mid-agent environment factory for ``protocol: hmars``."""
+    from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
+
+    settings = dict(cfg.coord.hmars or {})
+    settings.setdefault("tokenizer", cfg.coord.tokenizer or model_path)
+    return HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tokenizer)
 
 
 def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=None):
@@ -140,8 +187,6 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     from coordrl.train.reward import EpisodeReward
     from coordrl.train.trainer import CoordGRPOTrainer
 
-    if cfg.coord.protocol != "parser":
-        raise ConfigError(f"protocol {cfg.coord.protocol!r} cannot be trained yet; use parser")
     _secret_safe_env()
     grpo_kwargs = dict(cfg.grpo)
     grpo_kwargs.setdefault("output_dir", "runs/coordrl")
@@ -159,9 +204,16 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     with PartialState().main_process_first():
         train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
         eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
-    factory = ParserEnvFactory(cfg.env_config(model_path), fleet=fleet, tokenizer=tokenizer)
     rank = int(os.environ.get("RANK", "0"))
-    reward = EpisodeReward(output_dir / "traces" if cfg.coord.traces else None, rank=rank)
+    trace_dir = output_dir / "traces" if cfg.coord.traces else None
+    if cfg.coord.protocol == "hmars":
+        # The mid-agent's reward is the frozen answer model's exact match: the environment owns it
+        # (`MidAgentEnv.get_reward`, which TRL adds as a reward column); EpisodeReward only logs.
+        factory = hmars_factory(cfg, model_path, tokenizer)
+        reward = EpisodeReward(trace_dir, rank=rank, score=False)
+    else:
+        factory = ParserEnvFactory(cfg.env_config(model_path), fleet=fleet, tokenizer=tokenizer)
+        reward = EpisodeReward(trace_dir, rank=rank)
     trainer = (trainer_cls or CoordGRPOTrainer)(
         model=model,
         reward_funcs=[reward],
