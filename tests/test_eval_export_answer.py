@@ -244,13 +244,13 @@ def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     assert err.startswith("coordrl: error:") and "COMPLETE" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
 
-    hmars = _checkpoint_copy(final, tmp_path / "hmars")
-    meta = json.loads((hmars / CHECKPOINT_META).read_text())
-    (hmars / CHECKPOINT_META).write_text(json.dumps({**meta, "protocol": "hmars"}))
-    with pytest.raises(PolicyError, match="protocol 'hmars'"):
-        export_policy(hmars, tmp_path / "x")
-    with pytest.raises(PolicyError, match="protocol 'hmars'"):
-        Coordinator.from_pretrained(hmars)
+    unknown = _checkpoint_copy(final, tmp_path / "unknown-protocol")
+    meta = json.loads((unknown / CHECKPOINT_META).read_text())
+    (unknown / CHECKPOINT_META).write_text(json.dumps({**meta, "protocol": "magi"}))
+    with pytest.raises(PolicyError, match="protocol 'magi'.*parser, hmars only"):
+        export_policy(unknown, tmp_path / "x")
+    with pytest.raises(PolicyError, match="protocol 'magi'"):
+        Coordinator.from_pretrained(unknown)
 
     pickled = _checkpoint_copy(final, tmp_path / "pickled")
     (pickled / "model.safetensors").unlink()

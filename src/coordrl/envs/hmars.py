@@ -51,6 +51,7 @@ __all__ = [
     "HmarsEnvFactory",
     "MidAgentEnv",
     "MultiRegionResult",
+    "answer_all_regions",
     "parse_broadcast",
     "run_all_regions",
 ]
@@ -536,7 +537,7 @@ class MidAgentEnv:
         ep.answer = answer.text if answer.ok else None
         return answer
 
-    def _observe(self, selections: Sequence[_Selection], pages: Sequence[Page], answer: _Answer) -> str:
+    def _observe(self, selections: Sequence[_Selection], pages: Sequence[Page], answer: _Answer | None) -> str:
         assert self._index is not None
         lines = [f"{len(selections)} of {len(self._region_subagents)} sub-agents selected pages (mode {self._config.mode})."]
         for sel in selections:
@@ -548,7 +549,9 @@ class MidAgentEnv:
                 picked = ", ".join(f"page {p} (Documents {_span(self._index.pages[p].documents)})" for p in sel.pages)
                 lines.append(f"- s{sel.subagent}: {picked}")
         lines.append(f"Evidence: {len(pages)} page(s), {sum(p.num_tokens for p in pages)} tokens.")
-        if answer.ok:
+        if answer is None:  # region-only broadcast (inference over K regions): one answer comes later
+            lines.append("The evidence goes to the answer model together with the other regions' evidence.")
+        elif answer.ok:
             lines.append(f"Answer: {' '.join(sanitize_reader_text(answer.text).split()) or '(empty)'}")
         else:
             lines.append(f"Answer model unavailable: {str(answer.error)[:160]}")
@@ -627,7 +630,13 @@ def parse_broadcast(text: str) -> dict[str, Any] | None:
 
 @dataclass
 class MultiRegionResult:
-    """One question answered by all K mid-agents: the merged evidence and the single answer."""
+    """One question answered by all K mid-agents: the merged evidence and the single answer.
+
+    ``info`` holds question-level metrics (reward terms, ``regions``, ``pages_selected``,
+    ``evidence_tokens``, ``answer_prompt_tokens``, ``model_calls`` = frozen selector + answer calls,
+    ``policy_turns``, error counts); ``evidence`` one entry per merged page (``page``, ``region``,
+    ``subagent``, ``documents``, ``tokens``, ``text``).
+    """
 
     answer: str | None
     em: float
@@ -637,13 +646,75 @@ class MultiRegionResult:
     evidence_tokens: int
     answer_prompt_tokens: int
     model_calls: int
-    regions: list[dict[str, Any]]  # per region: region, subagents, pages, error, tool_errors, backend_errors
+    regions: list[dict[str, Any]]  # per region: region, subagents, pages, error, tool_errors, backend_errors (+ messages, info)
+    info: dict[str, Any] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def _answer_regions(envs: Sequence[MidAgentEnv], regions: list[dict[str, Any]]) -> MultiRegionResult:
+    """Merge the regions' selected pages, answer once on region 0's environment, and total the metrics.
+
+    Shared by `run_all_regions` and `answer_all_regions` so both report the same numbers.
+    """
+    answering = envs[0]
+    index = answering.index
+    assert index is not None
+    merged = sorted({p for r in regions for p in r["pages"]}, key=lambda p: index.pages[p].token_start)
+    answer = await answering._answer([index.pages[p] for p in merged])
+    terms = answering._terms()
+    for r, env in zip(regions, envs, strict=True):
+        r["tool_errors"] = sum(env._ep.tool_errors.values())
+        r["backend_errors"] = env._ep.backend_errors
+    selector_calls = sum(env._ep.selector_calls for env in envs)
+    answer_calls = sum(env._ep.answer_calls for env in envs)
+    region_of = {s: k for k, region in enumerate(index.regions) for s in region.subagents}
+    evidence = [
+        {
+            "page": p, "region": region_of.get(index.pages[p].subagent), "subagent": index.pages[p].subagent,
+            "documents": list(index.pages[p].documents), "tokens": [index.pages[p].token_start, index.pages[p].token_end],
+            "text": index.pages[p].text,
+        }
+        for p in merged
+    ]  # fmt: skip
+    info: dict[str, Any] = {
+        **terms,
+        "regions": index.num_regions,
+        "subagents": index.num_subagents,
+        "broadcasts": sum(env._ep.broadcasts for env in envs),
+        "participants": sum(len(env._ep.participants) for env in envs),
+        "hinted": sum(len(env._ep.hinted) for env in envs),
+        "pages_selected": len(merged),
+        "evidence_tokens": answering._ep.evidence_tokens,
+        "answer_prompt_tokens": answering._ep.answer_prompt_tokens,
+        "selector_calls": selector_calls,
+        "answer_calls": answer_calls,
+        "model_calls": selector_calls + answer_calls,
+        "endpoint_calls": sum(env._ep.endpoint_calls for env in envs),
+        "tool_errors": sum(r["tool_errors"] for r in regions),
+        "backend_errors": sum(env._ep.backend_errors for env in envs),
+        "parse_failures": sum(env._ep.parse_failures for env in envs),
+        "regions_failed": sum(1 for r in regions if r.get("error")),
+    }
+    return MultiRegionResult(
+        answer=answer.text if answer.ok else None,
+        em=terms["em"],
+        f1=terms["f1"],
+        recall=terms["recall"],
+        pages=merged,
+        evidence_tokens=answering._ep.evidence_tokens,
+        answer_prompt_tokens=answering._ep.answer_prompt_tokens,
+        model_calls=selector_calls + answer_calls,
+        regions=regions,
+        info=info,
+        evidence=evidence,
+    )
 
 
 async def run_all_regions(
     env_factory: HmarsEnvFactory,
     policy_fn: Callable[[list[dict[str, Any]]], Awaitable[str]],
     row: dict[str, Any],
+    parse_fn: Callable[[str], dict[str, Any] | None] = parse_broadcast,
 ) -> MultiRegionResult:
     """Run every mid-agent of ``row``'s document with the same policy, concurrently, and answer once.
 
@@ -653,10 +724,14 @@ async def run_all_regions(
     the answer backend answers from them once. A region whose policy reply has no valid broadcast
     contributes no pages (its error is reported).
 
+    This is the text-level form for policies that are plain ``messages -> text`` callables; trained
+    policies go through `answer_all_regions`, which renders and parses with TRL exactly as training.
+
     Args:
         env_factory: the factory (its backends, tokenizer and index cache are shared).
         policy_fn: async ``messages -> assistant text`` (e.g. an OpenAI-compatible policy call).
         row: a dataset row (``question``, ``context``, ``doc_offsets``, ``answers``, ``gold_documents``).
+        parse_fn: ``assistant text -> broadcast arguments or None`` (default: `parse_broadcast`).
     """
     first = env_factory()
     first.reset(**row)
@@ -675,7 +750,7 @@ async def run_all_regions(
         except Exception as exc:  # noqa: BLE001 - a failed policy call loses one region's evidence, not the question
             out["error"] = f"policy failed: {type(exc).__name__}: {exc}"
             return out
-        args = parse_broadcast(text)
+        args = parse_fn(text)
         if args is None:
             out["error"] = "no broadcast tool call in the policy reply"
             return out
@@ -686,27 +761,125 @@ async def run_all_regions(
             out["error"] = str(err)
             return out
         selections = await env._select(interp, by_sub)
+        env._ep.broadcasts += 1
         out["pages"] = [p.index for p in env._merge(selections)]
         return out
 
     regions = list(await asyncio.gather(*(one(k, env) for k, env in enumerate(envs))))
-    # The answer step runs on region 0's environment, over the evidence of every region.
-    answering = envs[0]
-    merged = sorted({p for r in regions for p in r["pages"]}, key=lambda p: answering.index.pages[p].token_start)
-    answer = await answering._answer([answering.index.pages[p] for p in merged])
-    terms = answering._terms()
-    for r, env in zip(regions, envs, strict=True):
-        r["tool_errors"] = sum(env._ep.tool_errors.values())
-        r["backend_errors"] = env._ep.backend_errors
-    model_calls = sum(env._ep.selector_calls for env in envs) + answering._ep.answer_calls
-    return MultiRegionResult(
-        answer=answer.text if answer.ok else None,
-        em=terms["em"],
-        f1=terms["f1"],
-        recall=terms["recall"],
-        pages=merged,
-        evidence_tokens=answering._ep.evidence_tokens,
-        answer_prompt_tokens=answering._ep.answer_prompt_tokens,
-        model_calls=model_calls,
-        regions=regions,
+    return await _answer_regions(envs, regions)
+
+
+class _RegionMidAgent(MidAgentEnv):
+    """A mid-agent bound to region ``region`` whose ``broadcast`` selects pages but does not answer.
+
+    At inference the K regions' evidence is merged and answered once (`answer_all_regions`), so a
+    region's tool call must stop after selection. The tool keeps the training method's name,
+    signature and docstring: TRL renders the tool schema from them, and the prompt must be the
+    token sequence the policy was trained on.
+    """
+
+    def __init__(self, config: HmarsEnvConfig, backends: _Backends, tokenizer, index_cache: IndexCache, region: int) -> None:
+        super().__init__(config, backends, tokenizer, index_cache)
+        self._region_k = region
+
+    def reset(self, **row: Any) -> str:
+        super().reset(**row)  # loads the index (from the shared cache after the first region)
+        return "\n\n" + self._bind_region(self._region_k)
+
+    async def broadcast(self, interpretation: str, hints: dict[str, str]) -> str:
+        try:
+            interp, by_sub = self._validate(interpretation, hints)
+        except _ToolInputError as err:
+            self._ep.tool_errors[err.kind] = self._ep.tool_errors.get(err.kind, 0) + 1
+            return f"Error: {err}"
+        selections = await self._select(interp, by_sub)
+        pages = self._merge(selections)
+        self._ep.pages = [p.index for p in pages]
+        self._ep.broadcasts += 1
+        return self._observe(selections, pages, None)
+
+    broadcast.__doc__ = MidAgentEnv.broadcast.__doc__
+
+
+def answer_all_regions(
+    factory: HmarsEnvFactory,
+    codec: Any,
+    policy: Any,
+    row: dict[str, Any],
+    *,
+    max_turns: int,
+    max_completion_tokens: int | None = None,
+    prompt_fn: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    concurrency: int | None = None,
+) -> MultiRegionResult:
+    """Answer ``row`` with a trained mid-agent policy over all K regions of its document.
+
+    The inference and evaluation path of ``protocol: hmars``. Each region runs in its own `StepEnv`
+    (the policy tokenizer's `ChatCodec`: TRL's rendering and tool-call parsing, as in training) on
+    a `_RegionMidAgent` bound to that region; the K regions run concurrently in threads (an
+    in-process model serialises its generations; a served one batches them). A region's episode
+    ends at its first successful broadcast (selection only); after a refused broadcast the policy
+    sees the error and may retry, up to ``max_turns`` tool rounds, as in training. A region whose
+    policy never broadcasts contributes no pages and reports why. The answer model then answers
+    once from the merged, offset-ordered pages (`_answer_regions`).
+
+    Args:
+        factory: the environment factory (backends, tokenizer and index cache are shared).
+        codec: the policy tokenizer's `coordrl.envs.chat.ChatCodec`.
+        policy: an object with ``act(step_env) -> ids | text`` (`HFPolicy`, `OpenAIPolicy`, ...).
+        row: ``question``, ``context`` (+ ``doc_offsets``, ``answers``, ``gold_documents`` when known).
+        max_turns: tool rounds allowed per region.
+        max_completion_tokens: cap on a region's turns and tool results (None: none).
+        prompt_fn: the ``[system, user]`` prompt of a row (default: `hmars_prompt`).
+        concurrency: regions in flight (default: all K).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coordrl.envs.step import StepEnv
+
+    prompt_fn = prompt_fn or (lambda r: hmars_prompt(r["question"]))
+    probe = factory()
+    probe.reset(**row)  # builds (or loads) the index once; every region then reads it from the cache
+    assert probe.index is not None
+    k_regions = probe.index.num_regions
+
+    def one(k: int) -> tuple[dict[str, Any], MidAgentEnv]:
+        env = _RegionMidAgent(factory.config, factory.backends, factory.tokenizer, factory.index_cache, k)
+        step_env = StepEnv(
+            env, codec, max_turns=max_turns, max_completion_tokens=max_completion_tokens,
+            reward_fn=lambda completions, **kw: [env.get_reward()], prompt_fn=prompt_fn,
+        )  # fmt: skip
+        step_env.reset(**row)
+        out: dict[str, Any] = {"region": k, "subagents": env._region_subagents, "pages": [], "error": None}
+        try:
+            for _ in range(max_turns + 1):
+                action = policy.act(step_env)
+                if not action and not isinstance(action, str):
+                    step_env.truncate()
+                    out["error"] = "the policy produced no tokens (completion budget spent)"
+                    break
+                step = step_env.step(action)
+                if env._ep.broadcasts:  # selection done: the answer comes once, from all regions
+                    break
+                if step.terminated or step.truncated:
+                    out["error"] = "no broadcast: the policy " + ("replied without a tool call" if step.terminated else "ran out of tool rounds")
+                    break
+        except Exception as exc:  # noqa: BLE001 - a failed policy call loses one region's evidence, not the question
+            out["error"] = f"policy failed: {type(exc).__name__}: {exc}"
+        out["pages"] = list(env._ep.pages)
+        out["messages"] = step_env.messages
+        out["info"] = {k2: step_env.info[k2] for k2 in ("tool_rounds", "tool_failures", "assistant_turns", "completion_tokens")}
+        return out, env
+
+    workers = max(1, min(k_regions, concurrency or k_regions))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="coordrl-hmars-region") as pool:
+        done = list(pool.map(one, range(k_regions)))
+    regions = [r for r, _ in done]
+    envs = [env for _, env in done]
+    result = shared_loop().run(_answer_regions(envs, regions))
+    result.info.update(
+        policy_turns=sum(r["info"]["assistant_turns"] for r in regions),
+        tool_rounds=sum(r["info"]["tool_rounds"] for r in regions),
+        completion_tokens=sum(r["info"]["completion_tokens"] for r in regions),
     )
+    return result

@@ -12,6 +12,11 @@ policy runs in-process with transformers or on an OpenAI-compatible server (``po
 ``vllm serve <export>``) through `OpenAIPolicy` with token-id prompts, so it sees the tokens it was
 trained on. Evaluation settings apply by default: 4,096-token reader chunks and 12 tool rounds.
 
+An ``hmars`` policy (HMARS mid-agent) is answered by `coordrl.envs.hmars.answer_all_regions`: the
+document is indexed into sub-agent regions and pages (settings recorded at training, overridable
+with ``hmars={...}``), the policy broadcasts once for each of the K mid-agent regions concurrently
+(each through its own `StepEnv`), and the answer model answers once from the merged pages.
+
 ``coordrl answer --policy DIR --document FILE --question TEXT`` is the command-line form.
 """
 
@@ -42,6 +47,7 @@ __all__ = [
     "SerialPolicy",
     "add_answer_parser",
     "load_policy",
+    "parse_settings",
 ]
 
 DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
@@ -182,8 +188,11 @@ class Coordinator:
     Args:
         policy: an object with ``act(env)`` (`HFPolicy`, `OpenAIPolicy`, `ScriptedLead`).
         tokenizer: the policy's tokenizer.
-        source: the resolved policy (prompt, settings).
-        env_config: `ParserEnvConfig` of the readers, chunking and turn cap.
+        source: the resolved policy (prompt, settings, protocol).
+        env_config: `ParserEnvConfig` of the readers, chunking and turn cap (``parser``), or the
+            `HmarsEnvConfig` of regions, pages and frozen roles (``hmars``).
+        max_turns: tool rounds per episode (per region for ``hmars``); default: ``env_config.max_turns``
+            for ``parser``, the policy's evaluation cap (`PolicySource.eval_max_turns`) for ``hmars``.
         max_document_tokens: longest document accepted, in policy tokens (default 1,000,000).
         max_completion_tokens: cap on all turns and tool results of one episode (default None: none).
     """
@@ -197,9 +206,9 @@ class Coordinator:
         *,
         max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS,
         max_completion_tokens: int | None = None,
+        max_turns: int | None = None,
     ) -> None:
         from coordrl.envs.chat import ChatCodec
-        from coordrl.envs.parser import ParserEnvFactory
 
         self.policy = policy
         self.tokenizer = tokenizer
@@ -208,7 +217,17 @@ class Coordinator:
         self.max_document_tokens = max_document_tokens
         self.max_completion_tokens = max_completion_tokens
         self.codec = ChatCodec(tokenizer)
-        self._factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
+        self.protocol = source.protocol
+        if self.protocol == "hmars":
+            from coordrl.envs.hmars import HmarsEnvFactory
+
+            self.max_turns = source.eval_max_turns(max_turns)
+            self._factory = HmarsEnvFactory(env_config, tokenizer=tokenizer)
+        else:
+            from coordrl.envs.parser import ParserEnvFactory
+
+            self.max_turns = max_turns or env_config.max_turns
+            self._factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -226,6 +245,7 @@ class Coordinator:
         temperature: float = 0.0,
         seed: int = 0,
         max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS,
+        hmars: dict[str, Any] | None = None,
     ) -> Coordinator:
         """Load a policy (export, checkpoint, model folder, hub id or ``scripted``) and its readers.
 
@@ -237,22 +257,27 @@ class Coordinator:
             policy_url: serve the policy from this OpenAI-compatible server (e.g. ``vllm serve
                 <export>``) instead of in-process transformers (default None).
             device: in-process device (default: cuda when available).
-            max_turns: tool rounds per question (default 12, PARSER's evaluation cap).
-            chunk_tokens: tokens per reader chunk (default 4096, PARSER's evaluation size).
+            max_turns: tool rounds per question (default 12, PARSER's evaluation cap; ``hmars``:
+                per region, default training's cap).
+            chunk_tokens: tokens per reader chunk (default 4096, PARSER's evaluation size; not
+                used by ``hmars``).
             served_model: model name on ``policy_url`` (default: discovered from ``/v1/models``).
             max_new_tokens: tokens per policy turn (default: training's cap, else 512).
             temperature: 0 (default): greedy.
             seed: sampling seed (default 0).
             max_document_tokens: longest document accepted (default 1,000,000 tokens).
+            hmars: `HmarsEnvConfig` fields replacing the ones an ``hmars`` policy recorded at
+                training (e.g. ``{"c_sub": 4096, "selector": "http://host:8001/v1"}``).
         """
         source = resolve_policy(folder)
         try:
-            env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens)
-            from coordrl.rollout.fleet import (
-                make_fleet,  # validate the reader spec now, not mid-episode
-            )
+            env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars)
+            if source.protocol != "hmars":
+                from coordrl.rollout.fleet import (
+                    make_fleet,  # validate the reader spec now, not mid-episode
+                )
 
-            make_fleet(env_config.readers, env_config.reader_model)
+                make_fleet(env_config.readers, env_config.reader_model)
         except ValueError as e:
             if isinstance(e, DataError):
                 raise
@@ -261,7 +286,7 @@ class Coordinator:
             source, policy_url=policy_url, served_model=served_model, device=device,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         )  # fmt: skip
-        return cls(policy, tokenizer, source, env_config, max_document_tokens=max_document_tokens)
+        return cls(policy, tokenizer, source, env_config, max_document_tokens=max_document_tokens, max_turns=max_turns)
 
     # -- answering -------------------------------------------------------------------------------
 
@@ -298,8 +323,10 @@ class Coordinator:
         from coordrl.envs.step import StepEnv
         from coordrl.rollout.episode import run_episode
 
+        if self.protocol == "hmars":
+            return self._run_hmars(text, question, n_tokens)
         env = StepEnv(
-            self._factory(), self.codec, max_turns=self.config.max_turns,
+            self._factory(), self.codec, max_turns=self.max_turns,
             max_completion_tokens=self.max_completion_tokens, prompt_fn=lambda row: self.source.prompt(row["question"]),
         )  # fmt: skip
         row = {"id": "input", "question": question, "context": text, "doc_offsets": _doc_offsets(text), "answers": [""]}
@@ -313,6 +340,31 @@ class Coordinator:
             for f in episode.findings
         ]
         return Answer(answer=episode.prediction, trace=episode.messages, evidence=evidence, info=info)
+
+    def _run_hmars(self, text: str, question: str, n_tokens: int) -> Answer:
+        """All K mid-agent regions with this policy, concurrently; one answer from the merged pages.
+
+        ``trace`` holds one entry per region (``region``, ``subagents``, ``pages``, ``error``,
+        ``messages``); ``evidence`` the selected pages (``page``, ``region``, ``subagent``,
+        ``documents``, ``tokens``, ``text``) in document order.
+        """
+        from coordrl.envs.hmars import answer_all_regions
+
+        row = {"id": "input", "question": question, "context": text, "doc_offsets": _doc_offsets(text), "answers": []}
+        t0 = time.perf_counter()
+        result = answer_all_regions(
+            self._factory, self.codec, self.policy, row, max_turns=self.max_turns,
+            max_completion_tokens=self.max_completion_tokens, prompt_fn=lambda r: self.source.prompt(r["question"]),
+        )  # fmt: skip
+        info = dict(result.info)
+        for key in ("reward", "em", "f1", "recall", "recall_term", "budget_term"):
+            info.pop(key, None)  # no gold answer or evidence at inference
+        info.update(seconds=round(time.perf_counter() - t0, 3), document_tokens=n_tokens, answered=result.answer is not None)
+        trace = [
+            {"region": r["region"], "subagents": r["subagents"], "pages": r["pages"], "error": r["error"], "messages": r["messages"]}
+            for r in result.regions
+        ]
+        return Answer(answer=result.answer, trace=trace, evidence=result.evidence, info=info)
 
     async def aanswer(self, document: str | bytes, question: str) -> Answer:
         """`answer` for async code: runs in a worker thread, so the caller's event loop stays free."""
@@ -366,7 +418,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     coord = Coordinator.from_pretrained(
         args.policy, readers=args.readers, reader_model=args.reader_model, policy_url=args.policy_url,
         device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
-        max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens,
+        max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens, hmars=parse_settings(args.hmars),
     )  # fmt: skip
     try:
         result = coord.answer(raw, args.question)
@@ -377,12 +429,38 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     else:
         print(result.answer if result.answer is not None else "(no answer)")
         i = result.info
+        if coord.protocol == "hmars":
+            print(
+                f"[{i.get('regions', 0)} region(s), {i.get('pages_selected', 0)} page(s) selected, "
+                f"{i.get('answer_prompt_tokens', 0)} answer-prompt tokens, {i.get('model_calls', 0)} model calls, {i.get('seconds', 0):.1f} s]",
+                file=sys.stderr,
+            )
+            return 0 if result.answer is not None else 1
         print(
             f"[{i.get('turns', 0)} round(s), {i.get('reader_calls', 0)} reader calls, {len(result.evidence)} finding(s), "
             f"{i.get('chunks', 0)} chunks, {i.get('seconds', 0):.1f} s]",
             file=sys.stderr,
         )
     return 0 if result.answer is not None else 1
+
+
+def parse_settings(items: Sequence[str] | None) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs (``--hmars``) as a dict; values are read as YAML scalars (``4096`` -> int,
+    ``true`` -> bool, ``http://...`` -> str). None when there are none."""
+    import yaml
+
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--hmars {item!r}: expected KEY=VALUE, e.g. c_sub=4096 or selector=http://host:8001/v1")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
 
 
 def _positive(text: str) -> int:
@@ -417,6 +495,7 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
     p.add_argument("--max-new-tokens", type=_positive, default=None, help="tokens per policy turn (default: training's cap, else 512)")
     p.add_argument("--max-document-tokens", type=_positive, default=DEFAULT_MAX_DOCUMENT_TOKENS, help="longest document accepted (default 1000000)")
+    p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL")
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
     p.set_defaults(func=_cmd_answer)
     return p

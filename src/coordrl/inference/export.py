@@ -49,7 +49,9 @@ __all__ = [
 
 POLICY_META = "coordrl_policy.json"
 POLICY_FORMAT_VERSION = 1
-SUPPORTED_PROTOCOLS = ("parser",)
+SUPPORTED_PROTOCOLS = ("parser", "hmars")
+# The one tool each protocol's policy calls (what the tool-schema probe and the model card name).
+PROTOCOL_TOOLS = {"parser": "query_agents", "hmars": "broadcast"}
 # PARSER evaluates with larger reader chunks and more rounds than it trains with.
 EVAL_MAX_TURNS = 12
 EVAL_CHUNK_TOKENS = 4096
@@ -77,10 +79,11 @@ class PolicySource:
         kind: ``scripted`` | ``checkpoint`` | ``export`` | ``model`` (a model folder or hub id
             without coordrl metadata: the default lead prompt and environment settings apply).
         path: where weights and tokenizer load from (None for ``scripted``).
-        protocol: coordinator protocol (``parser``).
-        system_prompt: the lead agent's system prompt recorded at training (default: coordrl's).
+        protocol: coordinator protocol (``parser`` lead agent or ``hmars`` mid-agent).
+        system_prompt: the policy's system prompt recorded at training (default: coordrl's).
         answer_format: e.g. ``<answer>...</answer>``.
-        env: `ParserEnvConfig` fields recorded at training (defaults for plain models).
+        env: `ParserEnvConfig` (``parser``) or `HmarsEnvConfig` (``hmars``) fields recorded at
+            training (defaults for plain models).
         base_model: the model training started from (None when unknown).
         generation: training's per-turn generation caps (``max_new_tokens``,
             ``max_completion_length``) when recorded.
@@ -108,6 +111,22 @@ class PolicySource:
             return f"{p.parent.name}/{p.name}"
         return p.name if p.exists() else self.spec
 
+    @property
+    def train_max_turns(self) -> int | None:
+        """The tool-round cap training used (``max_turns`` of the recorded config), when known."""
+        value = (self.meta.get("config") or {}).get("max_turns") or (self.meta.get("turn_caps") or {}).get("train_max_turns")
+        return int(value) if value else None
+
+    def eval_max_turns(self, max_turns: int | None = None) -> int:
+        """Tool rounds for evaluation and inference: ``max_turns`` when given; else PARSER's
+        evaluation cap (12) for ``parser``, and training's cap for ``hmars`` (its mid-agent
+        broadcasts once; extra rounds would only allow retries training never allowed)."""
+        if max_turns:
+            return max_turns
+        if self.protocol == "hmars":
+            return self.train_max_turns or 1
+        return EVAL_MAX_TURNS
+
     def env_config(
         self,
         *,
@@ -115,13 +134,23 @@ class PolicySource:
         reader_model: str | None = None,
         max_turns: int | None = None,
         chunk_tokens: int | None = None,
+        hmars: dict[str, Any] | None = None,
     ):
-        """The `ParserEnvConfig` for evaluation or inference.
+        """The environment settings for evaluation or inference.
 
-        Reader, observation and query settings come from training; ``readers`` / ``reader_model``
-        replace the training readers when given; ``max_turns`` (default 12) and ``chunk_tokens``
-        (default 4096) are the evaluation settings PARSER uses, not the training ones.
+        ``parser``: a `ParserEnvConfig`. Reader, observation and query settings come from training;
+        ``readers`` / ``reader_model`` replace the training readers when given; ``max_turns``
+        (default 12) and ``chunk_tokens`` (default 4096) are the evaluation settings PARSER uses,
+        not the training ones.
+
+        ``hmars``: the `HmarsEnvConfig` recorded at training (regions, pages, frozen roles, mode),
+        with ``hmars`` (field -> value, e.g. ``{"c_sub": 4096, "selector": "http://..."}``)
+        applied on top; the PARSER reader arguments do not apply and are refused when set.
         """
+        if self.protocol == "hmars":
+            return self._hmars_config(readers, reader_model, chunk_tokens, hmars)
+        if hmars:
+            raise PolicyError(f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply")
         from coordrl.envs.parser import ParserEnvConfig
 
         known = {f.name for f in fields(ParserEnvConfig)}
@@ -136,9 +165,31 @@ class PolicySource:
         kwargs["tokenizer"] = self.path  # chunking and budgets use the policy's own tokenizer
         return ParserEnvConfig(**kwargs)
 
+    def _hmars_config(self, readers: str | None, reader_model: str | None, chunk_tokens: int | None, overrides: dict[str, Any] | None):
+        from coordrl.envs.hmars import HmarsEnvConfig
+
+        if (readers not in (None, "lexical")) or reader_model or chunk_tokens:
+            raise PolicyError(
+                f"{self.spec} is an hmars policy: readers / reader_model / chunk_tokens are PARSER settings; "
+                "set the frozen roles and regions through the HMARS settings instead (e.g. selector=URL, c_sub=N)"
+            )
+        known = {f.name for f in fields(HmarsEnvConfig)}
+        unknown = sorted(set(overrides or {}) - known)
+        if unknown:
+            raise PolicyError(f"unknown HMARS setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        kwargs = {k: v for k, v in self.env.items() if k in known}
+        kwargs.update(overrides or {})
+        kwargs["tokenizer"] = self.path  # regions, pages and token counts use the policy's own tokenizer
+        return HmarsEnvConfig(**kwargs)
+
     def prompt(self, question: str) -> list[dict[str, str]]:
-        """The ``[system, user]`` conversation an episode starts from."""
+        """The ``[system, user]`` conversation an episode starts from (the protocol's prompt)."""
         from coordrl.envs.prompts import lead_prompt
+
+        if self.protocol == "hmars":
+            from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT, hmars_prompt
+
+            return hmars_prompt(question, self.system_prompt or MID_AGENT_SYSTEM_PROMPT)
 
         return lead_prompt(question, self.system_prompt) if self.system_prompt else lead_prompt(question)
 
@@ -151,6 +202,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise PolicyError(f"{path}: expected a JSON object")
     return data
+
+
+def _default_system_prompt(protocol: str) -> str:
+    """coordrl's system prompt of ``protocol`` (for metadata that records none)."""
+    if protocol == "hmars":
+        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
+
+        return MID_AGENT_SYSTEM_PROMPT
+    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
+
+    return LEAD_SYSTEM_PROMPT
 
 
 def _check_protocol(where: Path, protocol: Any) -> str:
@@ -271,7 +333,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
                 "export",
                 str(path),
                 protocol=protocol,
-                system_prompt=meta.get("system_prompt") or LEAD_SYSTEM_PROMPT,
+                system_prompt=meta.get("system_prompt") or _default_system_prompt(protocol),
                 answer_format=meta.get("answer_format") or "<answer>...</answer>",
                 env=dict(meta.get("env") or {}),
                 base_model=meta.get("base_model"),
@@ -287,7 +349,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
                 "checkpoint",
                 str(path),
                 protocol=str(meta["protocol"]),
-                system_prompt=meta.get("system_prompt") or LEAD_SYSTEM_PROMPT,
+                system_prompt=meta.get("system_prompt") or _default_system_prompt(str(meta["protocol"])),
                 answer_format=meta.get("answer_format") or "<answer>...</answer>",
                 env=dict(meta.get("env") or {}),
                 base_model=meta.get("base_model"),
@@ -307,15 +369,25 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
     return PolicySource(text, "model", text, system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text)
 
 
-def tool_schemas() -> list[dict[str, Any]]:
-    """JSON schemas of the PARSER lead's tools exactly as the chat template receives them."""
+def _probe_env(protocol: str = "parser") -> Any:
+    """An unbound environment of ``protocol``: enough to read its tools (no readers, no index)."""
+    if protocol == "hmars":
+        from coordrl.envs.hmars import HmarsEnvConfig, MidAgentEnv
+
+        return MidAgentEnv(HmarsEnvConfig(), backends=None, tokenizer=None, index_cache=None)  # type: ignore[arg-type]
+    from coordrl.envs.parser import ParserEnvConfig, ParserLeadEnv
+
+    return ParserLeadEnv(ParserEnvConfig(), fleet=None, tokenizer=None)  # type: ignore[arg-type]
+
+
+def tool_schemas(protocol: str = "parser") -> list[dict[str, Any]]:
+    """JSON schemas of the protocol's tools (PARSER ``query_agents``, HMARS ``broadcast``) exactly as
+    the chat template receives them."""
     from transformers.utils import get_json_schema
 
     from coordrl.envs.chat import env_tools
-    from coordrl.envs.parser import ParserEnvConfig, ParserLeadEnv
 
-    probe = ParserLeadEnv(ParserEnvConfig(), fleet=None, tokenizer=None)  # type: ignore[arg-type]
-    return [get_json_schema(tool) for tool in env_tools(probe)]
+    return [get_json_schema(tool) for tool in env_tools(_probe_env(protocol))]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -323,16 +395,27 @@ def tool_schemas() -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _probe_ids(codec) -> tuple[list[int], list[int]]:
-    """Ids of a probe conversation (prompt, tool call, tool result) and of a tool-result suffix."""
+def _probe_ids(codec, protocol: str = "parser") -> tuple[list[int], list[int]]:
+    """Ids of a probe conversation of ``protocol`` (prompt with its tools, tool call, tool result)
+    and of a tool-result suffix."""
     from coordrl.envs.chat import env_tools
-    from coordrl.envs.parser import ParserEnvConfig, ParserLeadEnv
-    from coordrl.envs.prompts import lead_prompt
 
-    tools = env_tools(ParserLeadEnv(ParserEnvConfig(), fleet=None, tokenizer=None))  # type: ignore[arg-type]
-    call = {"type": "function", "function": {"name": "query_agents", "arguments": {"queries": ["Who wrote it?"]}}}
-    tool_msg = {"role": "tool", "name": "query_agents", "content": "1 finding(s) from 2 readers for 1 query(ies)."}
-    convo = [*lead_prompt("Who wrote the novel?"), {"role": "assistant", "content": "", "tool_calls": [call]}, tool_msg]
+    tools = env_tools(_probe_env(protocol))
+    if protocol == "hmars":
+        from coordrl.envs.hmars_prompts import hmars_prompt
+
+        prompt = hmars_prompt("Who wrote the novel?")
+        args: dict[str, Any] = {"interpretation": "The novel's author.", "hints": {"s0": "author of the novel"}}
+        result = "1 of 1 sub-agents selected pages (mode full).\n- s0: page 0 (Documents 1)"
+    else:
+        from coordrl.envs.prompts import lead_prompt
+
+        prompt = lead_prompt("Who wrote the novel?")
+        args, result = {"queries": ["Who wrote it?"]}, "1 finding(s) from 2 readers for 1 query(ies)."
+    name = PROTOCOL_TOOLS[protocol]
+    call = {"type": "function", "function": {"name": name, "arguments": args}}
+    tool_msg = {"role": "tool", "name": name, "content": result}
+    convo = [*prompt, {"role": "assistant", "content": "", "tool_calls": [call]}, tool_msg]
     return codec.prompt_ids(convo, tools), codec.tool_suffix_ids([tool_msg])
 
 
@@ -384,25 +467,47 @@ def _find_eval(src: Path, eval_dir: str | Path | None) -> Path | None:
     return None
 
 
+_HMARS_SUMMARY_KEYS = (
+    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "writer", "writer_model", "selector",
+    "selector_model", "answerer", "answerer_model", "recall_weight", "evidence_budget_tokens", "budget_weight",
+)  # fmt: skip
+
+
 def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[str, Any]:
     config = meta.get("config") or {}
+    protocol = str(meta["protocol"])
     env = dict(meta.get("env") or {})
     env["tokenizer"] = None  # the export's own tokenizer; the training path means nothing elsewhere
-    return {
+    common = {
         "format": "coordrl-policy",
         "format_version": POLICY_FORMAT_VERSION,
         "coordrl_version": __version__,
         "trained_with_coordrl": meta.get("coordrl_version"),
-        "protocol": meta["protocol"],
+        "protocol": protocol,
         "base_model": meta.get("base_model"),
         "exported_from": str(src.resolve()),
         "training_step": _training_step(src, meta),
         "system_prompt": meta.get("system_prompt"),
-        "user_message_format": "Question: {question}",
         "answer_format": meta.get("answer_format"),
-        "tools": tool_schemas(),
+        "tools": tool_schemas(protocol),
         "chat_template": template_source,
         "env": env,
+    }
+    if protocol == "hmars":
+        train_turns = config.get("max_turns")
+        return {
+            **common,
+            # reset() returns the regional memory, which is appended to the user message.
+            "user_message_format": "Question: {question}\n\n{regional memory}",
+            "hmars": {k: env.get(k) for k in _HMARS_SUMMARY_KEYS},
+            # The mid-agent broadcasts once per region; evaluation keeps training's cap on retries.
+            "turn_caps": {"train_max_turns": train_turns, "eval_max_turns": train_turns},
+            "generation": _generation_from_config(config),
+            "serving": {"vllm_serve_flags": list(VLLM_TOOL_FLAGS)},
+        }
+    return {
+        **common,
+        "user_message_format": "Question: {question}",
         "readers": {k: env.get(k) for k in ("readers", "reader_model", "reader_max_tokens", "lexical_threshold", "reader_timeout_s", "reader_retries")},
         "turn_caps": {"train_max_turns": env.get("max_turns"), "eval_max_turns": EVAL_MAX_TURNS},
         "chunk_tokens": {"train": env.get("chunk_tokens"), "eval": EVAL_CHUNK_TOKENS},
@@ -452,7 +557,8 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
 
         tokenizer = AutoTokenizer.from_pretrained(str(src))
         codec = ChatCodec(tokenizer)  # attaches TRL's response template when the tokenizer lacks one
-        want_prompt, want_suffix = _probe_ids(codec)
+        protocol = str(meta["protocol"])
+        want_prompt, want_suffix = _probe_ids(codec, protocol)
         if codec.chat_template is not None:
             tokenizer.chat_template = codec.chat_template
             template_source = "trl-training (prefix-preserving template TRL swapped in for training)"
@@ -462,7 +568,7 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
 
         # The export must render every conversation to the ids training produced.
         reloaded = ChatCodec(AutoTokenizer.from_pretrained(str(partial)))
-        got_prompt, got_suffix = _probe_ids(reloaded)
+        got_prompt, got_suffix = _probe_ids(reloaded, protocol)
         if reloaded.chat_template is not None or got_prompt != want_prompt or got_suffix != want_suffix:
             raise PolicyError(f"exported chat template of {src} does not reproduce the training token ids; export aborted")
 
@@ -492,55 +598,9 @@ def _shift_headings(markdown: str) -> str:
     return "\n".join("##" + line if line.startswith("#") else line for line in lines).strip()
 
 
-def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_md: str | None) -> str:
-    """The export's README.md (Hugging Face model card with YAML front matter)."""
-    base = meta.get("base_model")
+def _parser_card_protocol(meta: dict[str, Any]) -> list[str]:
     env = meta.get("env") or {}
-    front = ["---", "library_name: transformers", "pipeline_tag: text-generation"]
-    if _is_hub_id(base):
-        front.append(f"base_model: {base}")
-    front += ["tags:", "  - coordrl", "  - parser", "  - tool-use", "  - grpo", "  - long-context", "---", ""]
-    qwen = model_type.lower().startswith("qwen")
-    serve = f"vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}"
-    step = meta.get("training_step")
-    lines = [
-        f"# {out.name}: PARSER lead-agent coordinator",
-        "",
-        f"A coordinator policy for multi-agent long-document question answering, trained with coordrl "
-        f"{meta.get('trained_with_coordrl') or ''} (GRPO on TRL) from `{base}`"
-        + (f", step {step}" if step is not None else "")
-        + ". It never reads the document: it calls the `query_agents` tool, which broadcasts its questions to frozen "
-        "reader models (one per document chunk), gathers their findings over several rounds, and answers in "
-        f"`{meta.get('answer_format')}`.",
-        "",
-        "## Files",
-        "",
-        "- `model.safetensors` (or shards), `config.json`, `generation_config.json`: the weights (safetensors only).",
-        f"- tokenizer files and `chat_template.jinja`: chat template = {meta.get('chat_template')}.",
-        f"- `{POLICY_META}`: protocol, tool schemas, system prompt, answer format, reader settings, turn caps.",
-        "",
-        "## Serving with vLLM",
-        "",
-        "```bash",
-        serve + ("" if qwen else "   # hermes fits Qwen-family templates; pick the parser of your model family"),
-        "```",
-        "",
-        ("This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
-        "`/v1/completions` with token-id prompts (exactly the training tokens):"),
-        "",
-        "```bash",
-        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000 --readers lexical \\",
-        "    --document doc.txt --question 'Who directed the film?'",
-        "```",
-        "",
-        "```python",
-        "from coordrl.inference.coordinator import Coordinator",
-        "",
-        f'coord = Coordinator.from_pretrained("{out}", readers="lexical", policy_url="http://127.0.0.1:8000")',
-        "result = coord.answer(open(\"doc.txt\").read(), \"Who directed the film?\")",
-        "print(result.answer, result.evidence)",
-        "```",
-        "",
+    return [
         ("Without `policy_url` the model runs in-process with transformers. Readers: `lexical` (model-free) or "
         "comma-separated URLs of OpenAI-compatible reader servers (`coordrl serve-readers`) with `reader_model`."),
         "",
@@ -552,6 +612,95 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         f"- turn caps: {meta['turn_caps']['train_max_turns']} tool rounds in training, {meta['turn_caps']['eval_max_turns']} for evaluation",
         f"- reader chunks: {meta['chunk_tokens']['train']} tokens in training, {meta['chunk_tokens']['eval']} for evaluation",
         f"- training readers: `{env.get('readers')}`" + (f" (`{env.get('reader_model')}`)" if env.get("reader_model") else ""),
+    ]  # fmt: skip
+
+
+def _hmars_card_protocol(meta: dict[str, Any]) -> list[str]:
+    h = meta.get("hmars") or {}
+
+    def role(name: str) -> str:
+        return f"`{h.get(name)}`" + (f" (`{h.get(name + '_model')}`)" if h.get(name + "_model") else "")
+
+    return [
+        ("Without `policy_url` the model runs in-process with transformers. The frozen roles (card writer, page "
+        f"selector, answer model) and the region sizes come from `{POLICY_META}`; `Coordinator.from_pretrained(..., "
+        "hmars={...})` (or `--hmars KEY=VALUE`) overrides them, e.g. `selector=http://host:8001/v1`."),
+        "",
+        "## Protocol",
+        "",
+        "- tool: `broadcast(interpretation: str, hints: dict[str, str])`, once per region",
+        f"- user message: `{meta.get('user_message_format')}`",
+        (f"- regions: sub-agents of {h.get('c_sub')} tokens, pages of {h.get('page_tokens')} tokens, {h.get('group_size')} "
+        "sub-agents per mid-agent; a document of K mid-agent regions runs the policy K times concurrently and is answered once"),
+        f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
+        f"- training roles: writer {role('writer')}, selector {role('selector')}, answerer {role('answerer')}",
+        f"- turn cap: {meta['turn_caps']['train_max_turns']} tool round(s) per region",
+    ]  # fmt: skip
+
+
+def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_md: str | None) -> str:
+    """The export's README.md (Hugging Face model card with YAML front matter)."""
+    base = meta.get("base_model")
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation"]
+    if _is_hub_id(base):
+        front.append(f"base_model: {base}")
+    hmars = meta.get("protocol") == "hmars"
+    front += ["tags:", "  - coordrl", f"  - {meta.get('protocol') or 'parser'}", "  - tool-use", "  - grpo", "  - long-context", "---", ""]
+    qwen = model_type.lower().startswith("qwen")
+    serve = f"vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}"
+    step = meta.get("training_step")
+    trained = (
+        f"A coordinator policy for multi-agent long-document question answering, trained with coordrl "
+        f"{meta.get('trained_with_coordrl') or ''} (GRPO on TRL) from `{base}`" + (f", step {step}" if step is not None else "")
+    )
+    if hmars:
+        about = (
+            f"{trained}. It is an HMARS mid-agent: it never reads the document. For each mid-agent region it sees the "
+            "question and the region's memory (summary, sub-agent map, cross-references) and calls `broadcast` once with "
+            "an interpretation and a hint per sub-agent; frozen selectors pick evidence pages and a frozen answer model "
+            "answers from the merged pages of all regions."
+        )
+    else:
+        about = (
+            f"{trained}. It never reads the document: it calls the `query_agents` tool, which broadcasts its questions to "
+            "frozen reader models (one per document chunk), gathers their findings over several rounds, and answers in "
+            f"`{meta.get('answer_format')}`."
+        )
+    lines = [
+        f"# {out.name}: {'HMARS mid-agent' if hmars else 'PARSER lead-agent'} coordinator",
+        "",
+        about,
+        "",
+        "## Files",
+        "",
+        "- `model.safetensors` (or shards), `config.json`, `generation_config.json`: the weights (safetensors only).",
+        f"- tokenizer files and `chat_template.jinja`: chat template = {meta.get('chat_template')}.",
+        f"- `{POLICY_META}`: protocol, tool schemas, system prompt, answer format, "
+        + ("HMARS region, page and frozen-role settings" if hmars else "reader settings") + ", turn caps.",
+        "",
+        "## Serving with vLLM",
+        "",
+        "```bash",
+        serve + ("" if qwen else "   # hermes fits Qwen-family templates; pick the parser of your model family"),
+        "```",
+        "",
+        ("This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
+        "`/v1/completions` with token-id prompts (exactly the training tokens):"),
+        "",
+        "```bash",
+        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000" + ("" if hmars else " --readers lexical") + " \\",
+        "    --document doc.txt --question 'Who directed the film?'",
+        "```",
+        "",
+        "```python",
+        "from coordrl.inference.coordinator import Coordinator",
+        "",
+        f'coord = Coordinator.from_pretrained("{out}", ' + ("" if hmars else 'readers="lexical", ') + 'policy_url="http://127.0.0.1:8000")',
+        "result = coord.answer(open(\"doc.txt\").read(), \"Who directed the film?\")",
+        "print(result.answer, result.evidence)",
+        "```",
+        "",
+        *(_hmars_card_protocol(meta) if hmars else _parser_card_protocol(meta)),
         "",
         "Tool schema, as rendered into the prompt:",
         "",

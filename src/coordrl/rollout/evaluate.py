@@ -6,6 +6,15 @@ driven by `StepEnv` with the policy tokenizer's `ChatCodec`, played by `run_epis
 ``coordrl_train.json`` or the export's ``coordrl_policy.json``; evaluation replaces the turn cap
 (default 12) and reader chunk size (default 4,096 tokens), as PARSER does.
 
+An ``hmars`` policy (HMARS mid-agent) is evaluated through `coordrl.envs.hmars.answer_all_regions`,
+the path `Coordinator` answers with: every mid-agent region of the document runs the policy in its
+own `StepEnv` (same codec, same TRL parsing, the `MidAgentEnv` reward as ``get_reward``), and the
+answer model answers once from the merged pages; a document that fits one mid-agent (as the
+training samples do) is exactly the training episode up to the broadcast. Region, page and
+frozen-role settings are the recorded `HmarsEnvConfig` (``--hmars KEY=VALUE`` replaces one); the
+turn cap defaults to training's. Beside accuracy the report gives the HMARS evidence metrics:
+supporting-page recall, pages selected, answer-prompt tokens and model calls per question.
+
 Episodes run concurrently in threads (``--concurrency``): an in-process model generates for one
 episode at a time while the readers of the others keep working; a policy served by vLLM
 (``--policy-url``) batches them. Each finished sample is appended to ``traces/<subset>.jsonl`` at
@@ -39,7 +48,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +72,9 @@ __all__ = [
 BASELINES = ("prompted", "mapreduce", "fullcontext")
 EVAL_CONFIG = "eval_config.json"
 # Settings that change what an episode does: a rerun into the same --out must match them.
-_FINGERPRINT_KEYS = ("policy", "baseline", "weights", "data", "readers", "reader_model", "max_turns", "chunk_tokens", "max_new_tokens", "temperature", "seed", "context_window", "max_completion_tokens")
+_FINGERPRINT_KEYS = ("policy", "baseline", "weights", "data", "readers", "reader_model", "max_turns", "chunk_tokens", "max_new_tokens", "temperature", "seed", "context_window", "max_completion_tokens", "hmars")
+# HMARS evidence metrics (means over successful samples), reported beside accuracy for hmars policies.
+HMARS_METRICS = ("recall", "pages_selected", "evidence_tokens", "answer_prompt_tokens", "model_calls", "regions")
 
 FULLCONTEXT_SYSTEM_PROMPT = (
     "You answer questions about a document. Read the document, then reply with the answer inside "
@@ -83,7 +94,9 @@ class EvalConfig:
         out: output folder.
         readers / reader_model: ``lexical`` (default) or reader server URLs and their model name.
         policy_url / served_model: evaluate through an OpenAI-compatible server (default: in-process).
-        max_turns: tool rounds (default 12). chunk_tokens: reader chunk size (default 4096).
+        max_turns: tool rounds (default 12; ``hmars``: per region, default training's cap).
+        chunk_tokens: reader chunk size (default 4096; not used by ``hmars``).
+        hmars: `HmarsEnvConfig` fields replacing an ``hmars`` policy's recorded ones (default None).
         limit: first N samples of each subset (default all).
         concurrency: episodes in flight (default 4).
         baseline: None, ``prompted``, ``mapreduce`` or ``fullcontext``.
@@ -105,7 +118,7 @@ class EvalConfig:
     reader_model: str | None = None
     policy_url: str | None = None
     served_model: str | None = None
-    max_turns: int = 12
+    max_turns: int | None = None
     chunk_tokens: int = 4096
     limit: int | None = None
     concurrency: int = 4
@@ -120,6 +133,7 @@ class EvalConfig:
     label: str | None = None
     overwrite: bool = False
     progress: bool = True
+    hmars: dict[str, Any] | None = None
 
 
 @dataclass
@@ -246,14 +260,17 @@ class _Metered:
         self.policy = policy
         self.prompt_tokens: list[int] = []
         self.seconds = 0.0
+        self._lock = threading.Lock()  # hmars: the K regions of one sample act from several threads
 
     def act(self, env):
-        self.prompt_tokens.append(len(env.context_ids))
+        with self._lock:
+            self.prompt_tokens.append(len(env.context_ids))
         t0 = time.perf_counter()
         try:
             return self.policy.act(env)
         finally:
-            self.seconds += time.perf_counter() - t0
+            with self._lock:
+                self.seconds += time.perf_counter() - t0
 
 
 class _MapReduce:
@@ -330,14 +347,21 @@ class _Runner:
 
     def __init__(self, cfg: EvalConfig, source, policy, tokenizer, env_config, window: int | None, max_new_tokens: int) -> None:
         from coordrl.envs.chat import ChatCodec
-        from coordrl.envs.parser import ParserEnvFactory
 
         self.cfg = cfg
         self.source = source
         self.policy = policy
         self.codec = ChatCodec(tokenizer)
         self.env_config = env_config
-        self.factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
+        self.hmars = source.protocol == "hmars" and cfg.baseline != "fullcontext"
+        if source.protocol == "hmars":
+            from coordrl.envs.hmars import HmarsEnvFactory
+
+            self.factory = HmarsEnvFactory(env_config, tokenizer=tokenizer)
+        else:
+            from coordrl.envs.parser import ParserEnvFactory
+
+            self.factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
         self.window = window
         self.max_new_tokens = max_new_tokens
 
@@ -376,6 +400,8 @@ class _Runner:
         }
         t0 = time.perf_counter()
         metered = _Metered(self.policy)
+        if self.hmars:
+            return self._run_hmars(base, row, metered, t0)
         try:
             env = self._step_env(row)
             actor = _MapReduce(metered) if self.cfg.baseline == "mapreduce" else metered
@@ -392,6 +418,35 @@ class _Runner:
             policy_seconds=round(metered.seconds, 3),
         )
         return record
+
+    def _run_hmars(self, base: dict[str, Any], row: dict[str, Any], metered: _Metered, t0: float) -> dict[str, Any]:
+        """One sample of an hmars policy: all regions (`answer_all_regions`), one answer, evidence metrics."""
+        from coordrl.envs.hmars import answer_all_regions
+
+        try:
+            result = answer_all_regions(
+                self.factory, self.codec, metered, row, max_turns=self.cfg.max_turns,
+                max_completion_tokens=self.cfg.max_completion_tokens, prompt_fn=lambda r: self.source.prompt(r["question"]),
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one sample's failure is recorded, never the end of the run
+            return {**base, "status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 3)}
+        regions = [{k: v for k, v in r.items()} for r in result.regions]
+        return {
+            **base,
+            "status": "ok",
+            "prediction": result.answer,  # the answer model's answer from the merged evidence: what HMARS outputs
+            "reward": result.info.get("reward", 0.0),
+            "terminated": all(r.get("error") is None for r in regions),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "info": result.info,
+            "scores": score_prediction(result.answer, base["answers"]),
+            "evidence": [{k: v for k, v in e.items() if k != "text"} for e in result.evidence],
+            "messages": regions[0]["messages"] if regions else [],  # region 0's conversation, as a PARSER trace
+            "regions": regions,
+            "lead_prompt_tokens": sum(metered.prompt_tokens),
+            "lead_turn_prompt_tokens": metered.prompt_tokens,
+            "policy_seconds": round(metered.seconds, 3),
+        }
 
     def close(self) -> None:
         self.factory.close()
@@ -415,7 +470,7 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False) -> dict[str, Any]:
+def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, protocol: str = "parser") -> dict[str, Any]:
     """Metrics of a set of trace records.
 
     Accuracy (``sub_em``, ``guarded_sub_em``, ``em``, ``f1``) and ``answered`` are means over the
@@ -424,6 +479,11 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False) -> d
     rounds), ``reader_calls``, ``lead_prompt_tokens`` (prompt tokens the policy read over all its
     turns), ``lead_completion_tokens``, ``gold_coverage`` (a reader of a chunk holding a gold
     paragraph answered), and per-sample latency percentiles ``latency_p50_s`` / ``latency_p95_s``.
+
+    For ``protocol="hmars"`` the HMARS evidence metrics are added (means over successful samples):
+    ``recall`` (supporting-page recall: share of gold Documents covered by the selected pages),
+    ``pages_selected``, ``evidence_tokens``, ``answer_prompt_tokens``, ``model_calls`` (frozen
+    selector and answer calls per question) and ``regions`` (mid-agents per question).
     """
     ok = [r for r in records if r.get("status") == "ok"]
     failed = [r for r in records if r.get("status") != "ok"]
@@ -446,6 +506,9 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False) -> d
     out["latency_p50_s"] = _percentile(latencies, 0.5)
     out["latency_p95_s"] = _percentile(latencies, 0.95)
     out["latency_mean_s"] = _mean(latencies)
+    if protocol == "hmars":
+        for key in HMARS_METRICS:
+            out[key] = _mean(float(i.get(key, 0)) for i in infos)
     return out
 
 
@@ -469,6 +532,7 @@ def _fingerprint(cfg: EvalConfig, source, weights: str | None, max_new_tokens: i
         "seed": cfg.seed,
         "context_window": window,
         "max_completion_tokens": cfg.max_completion_tokens,
+        "hmars": cfg.hmars,  # None for PARSER: earlier PARSER evaluations still resume
     }
 
 
@@ -532,10 +596,14 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
     if cfg.baseline is not None and cfg.baseline not in BASELINES:
         raise DataError(f"--baseline must be one of {', '.join(BASELINES)}, got {cfg.baseline!r}")
-    if cfg.concurrency < 1 or cfg.max_turns < 1 or cfg.chunk_tokens < 1 or (cfg.limit is not None and cfg.limit < 1):
+    if cfg.concurrency < 1 or (cfg.max_turns is not None and cfg.max_turns < 1) or cfg.chunk_tokens < 1 or (cfg.limit is not None and cfg.limit < 1):
         raise DataError("--concurrency, --max-turns, --chunk-tokens and --limit must be positive")
     subsets = discover_subsets(cfg.data)
     source = resolve_policy(cfg.policy)
+    hmars = source.protocol == "hmars"
+    if hmars and cfg.baseline == "mapreduce":
+        raise DataError("--baseline mapreduce is PARSER's one-round baseline; for an hmars policy compare the ablations instead (--hmars mode=no_mid)")
+    cfg = replace(cfg, max_turns=source.eval_max_turns(cfg.max_turns))
     if source.kind == "scripted" and cfg.baseline:
         raise DataError(f"--baseline {cfg.baseline} needs a model policy, not 'scripted'")
     weights = None
@@ -545,8 +613,11 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             raise PolicyError(f"{source.spec} records no base_model; pass --policy <base model> instead of --baseline prompted")
         weights = resolve_model(source.base_model)
     try:
-        env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, max_turns=cfg.max_turns, chunk_tokens=cfg.chunk_tokens)
-        if cfg.baseline != "fullcontext":
+        if hmars:  # reader chunks are PARSER's; HMARS regions and pages come from the recorded env
+            env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars)
+        else:
+            env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, max_turns=cfg.max_turns, chunk_tokens=cfg.chunk_tokens, hmars=cfg.hmars)
+        if cfg.baseline != "fullcontext" and not hmars:
             from coordrl.rollout.fleet import make_fleet
 
             make_fleet(env_config.readers, env_config.reader_model)  # a bad --readers fails before any model loads
@@ -639,7 +710,7 @@ def _results(cfg, source, weights, label, subsets, datasets, selected, out, stat
         ds = datasets[sub.name]
         n = len(selected[sub.name])
         tokens = ds.select(range(n))["num_tokens"] if "num_tokens" in ds.column_names and n else []
-        metrics = aggregate(records, cfg.drop_failed)
+        metrics = aggregate(records, cfg.drop_failed, source.protocol)
         metrics["missing"] = n - len(records)
         rows.append({
             "name": sub.name, "variant": sub.variant, "kind": sub.kind, "value": sub.value,
@@ -648,18 +719,19 @@ def _results(cfg, source, weights, label, subsets, datasets, selected, out, stat
         if sub.kind == "length":
             main_records += records
         cut += [int((r.get("info") or {}).get("cut_tokens", 0)) for r in records if r.get("status") == "ok"]
-    overall = aggregate(main_records, cfg.drop_failed) if main_records else None
+    overall = aggregate(main_records, cfg.drop_failed, source.protocol) if main_records else None
     results: dict[str, Any] = {
         "coordrl_version": __version__,
         "label": label,
         "policy": {"spec": source.spec, "kind": source.kind, "path": source.path, "base_model": source.base_model, "weights": weights, "url": cfg.policy_url},
+        "protocol": source.protocol,
         "baseline": cfg.baseline,
         "data": str(cfg.data),
         "settings": {
             "readers": cfg.readers, "reader_model": cfg.reader_model, "max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens,
             "max_new_tokens": max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed, "limit": cfg.limit,
             "drop_failed": cfg.drop_failed, "concurrency": cfg.concurrency, "max_completion_tokens": cfg.max_completion_tokens,
-            "context_window": window,
+            "context_window": window, "hmars": cfg.hmars,
         },
         "env": env_config.to_dict(),
         "subsets": rows,
@@ -694,6 +766,7 @@ def _positive(text: str) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from coordrl.cli import UsageError
+    from coordrl.inference.coordinator import parse_settings
 
     if args.compare:
         from coordrl.rollout.report import compare_results
@@ -712,6 +785,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit, concurrency=args.concurrency, baseline=args.baseline, drop_failed=args.drop_failed, seed=args.seed,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_completion_tokens=args.max_completion_tokens,
         context_window=args.context_window, device=args.device, label=args.label, overwrite=args.overwrite, progress=not args.no_progress,
+        hmars=parse_settings(args.hmars),
     )  # fmt: skip
     results = evaluate(cfg)
     run = results["run"]
@@ -741,7 +815,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
     p.add_argument("--policy-url", default=None, help="OpenAI-compatible server serving the policy (vllm serve); default: in-process transformers")
     p.add_argument("--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)")
-    p.add_argument("--max-turns", type=_positive, default=12, help="tool rounds per episode (default 12, PARSER's evaluation cap)")
+    p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)")
     p.add_argument("--chunk-tokens", type=_positive, default=4096, help="tokens per reader chunk (default 4096)")
     p.add_argument("--limit", type=_positive, default=None, help="first N samples of each subset (default all)")
     p.add_argument("--concurrency", type=_positive, default=4, help="episodes in flight (default 4)")
@@ -756,6 +830,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--label", default=None, help="name of this run in tables and plots")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL mode=no_mid")
     p.add_argument("--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one")
     p.set_defaults(func=_cmd_eval)
     return p

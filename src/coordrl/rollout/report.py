@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACCURACY_METRICS", "compare_results", "load_results", "plot_accuracy", "render_comparison_md", "render_results_md"]
+__all__ = ["ACCURACY_METRICS", "HMARS_COLUMNS", "columns_for", "compare_results", "load_results", "plot_accuracy", "render_comparison_md", "render_results_md"]
 
 RESULTS_JSON = "results.json"
 ACCURACY_METRICS = ("sub_em", "guarded_sub_em", "em", "f1")
@@ -48,7 +48,30 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("gold_coverage", "gold coverage", _pct),
     ("failed", "failed", _int),
 ]
+# hmars policies: accuracy beside the HMARS evidence metrics (PARSER's reader columns mean nothing there).
+HMARS_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("samples", "n", _int),
+    ("sub_em", "sub_em", _pct),
+    ("guarded_sub_em", "guarded sub_em", _pct),
+    ("em", "EM", _pct),
+    ("f1", "F1", _pct),
+    ("answered", "answered", _pct),
+    ("recall", "evidence recall", _pct),
+    ("pages_selected", "pages selected", _num(1)),
+    ("answer_prompt_tokens", "answer prompt tokens", _int),
+    ("model_calls", "model calls", _num(1)),
+    ("regions", "regions", _num(1)),
+    ("lead_prompt_tokens", "policy prompt tokens", _int),
+    ("latency_p50_s", "latency p50 (s)", _num(2)),
+    ("latency_p95_s", "latency p95 (s)", _num(2)),
+    ("failed", "failed", _int),
+]
 _SHORT = {"sub_em": "sub_em", "guarded_sub_em": "guarded", "em": "EM", "f1": "F1"}
+
+
+def columns_for(results: dict[str, Any]) -> list[tuple[str, str, Callable[[Any], str]]]:
+    """The per-length table's columns: PARSER's, or HMARS's evidence metrics for an hmars policy."""
+    return HMARS_COLUMNS if results.get("protocol") == "hmars" else COLUMNS
 
 
 def load_results(folder: str | Path) -> dict[str, Any]:
@@ -95,34 +118,56 @@ def render_results_md(results: dict[str, Any]) -> str:
     """``results.md`` of one evaluation."""
     s = results["settings"]
     failed_rule = "dropped from the denominator (--drop-failed)" if s.get("drop_failed") else "scored 0"
+    columns = columns_for(results)
+    if results.get("protocol") == "hmars":
+        env = results.get("env") or {}
+        setup = (
+            f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
+            f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}; selector `{env.get('selector')}`, "
+            f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {s['max_new_tokens']} tokens "
+            f"per policy turn, temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+        )
+        legend = (
+            f"- failed requests: {failed_rule}; accuracy in % of the answer model's answer from the merged evidence; "
+            "evidence recall = share of gold Documents covered by the selected pages; model calls = frozen selector and "
+            "answer calls per question; policy prompt tokens = prompt tokens the mid-agent policy read over all regions"
+        )
+    else:
+        setup = (
+            f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
+            f"temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+        )
+        legend = (
+            f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
+            "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"
+        )
     lines = [
         f"# Evaluation: {results['label']}",
         "",
         f"- policy: `{results['policy']['spec']}` ({results['policy']['kind']})"
         + (f", baseline **{results['baseline']}**" if results.get("baseline") else "")
         + (f", weights `{results['policy']['weights']}`" if results["policy"].get("weights") else ""),
-        f"- data: `{results['data']}`; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else ""),
-        f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
-        f"temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else ""),
-        (f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
-        "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"),
+        f"- data: `{results['data']}`"
+        + ("" if results.get("protocol") == "hmars" else f"; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else "")),
+        setup,
+        legend,
         "",
         "## Accuracy by length",
         "",
     ]
-    header = ["paragraphs", "tokens (mean)"] + [h for _, h, _ in COLUMNS]
-    rows = [[_int(r["paragraphs"]), _int(r.get("tokens_mean"))] + [f(r["metrics"].get(k)) for k, _, f in COLUMNS] for r in _length_rows(results)]
+    header = ["paragraphs", "tokens (mean)"] + [h for _, h, _ in columns]
+    rows = [[_int(r["paragraphs"]), _int(r.get("tokens_mean"))] + [f(r["metrics"].get(k)) for k, _, f in columns] for r in _length_rows(results)]
     overall = results.get("overall")
     if overall and rows:
-        rows.append(["**overall**", ""] + [f(overall.get(k)) for k, _, f in COLUMNS])
+        rows.append(["**overall**", ""] + [f(overall.get(k)) for k, _, f in columns])
     lines += _table(header, rows) if rows else ["(no length subsets)"]
     controls = _control_rows(results)
     if controls:
         lengths = sorted({int(c["paragraphs"]) for c in controls if c.get("paragraphs")})
         at = f" ({', '.join(str(n) for n in lengths)} paragraphs)" if lengths else ""
         lines += ["", f"## Robustness{at}", ""]
-        header = ["control", "tokens (mean)"] + [h for _, h, _ in COLUMNS]
-        lines += _table(header, [[c["variant"], _int(c.get("tokens_mean"))] + [f(c["metrics"].get(k)) for k, _, f in COLUMNS] for c in controls])
+        header = ["control", "tokens (mean)"] + [h for _, h, _ in columns]
+        lines += _table(header, [[c["variant"], _int(c.get("tokens_mean"))] + [f(c["metrics"].get(k)) for k, _, f in columns] for c in controls])
     if results.get("fullcontext"):
         fc = results["fullcontext"]
         lines += ["", (f"Full-context baseline: window {fc['window']:,} tokens; {fc['truncated']} of {fc['samples']} documents "
@@ -189,6 +234,8 @@ def render_comparison_md(results_list: Sequence[dict[str, Any]], names: Sequence
         rows = [[v] + [_pct(d[v]["metrics"].get(m)) if v in d else "–" for m in ACCURACY_METRICS for d in by_var] for v in controls]
         lines += ["", "## Robustness (%)", ""] + _table(["control"] + header[1:], rows)
     process = [("turns", _num(2)), ("queries_per_turn", _num(2)), ("reader_calls", _num(1)), ("lead_prompt_tokens", _int), ("latency_p50_s", _num(2)), ("latency_p95_s", _num(2)), ("failed", _int)]
+    if any(r.get("protocol") == "hmars" for r in results_list):  # evidence metrics beside PARSER's process ones
+        process += [("recall", _pct), ("pages_selected", _num(1)), ("answer_prompt_tokens", _int), ("model_calls", _num(1))]
     rows = [[lab] + [f((res.get("overall") or {}).get(k)) for k, f in process] for lab, res in zip(labels, results_list)]
     lines += ["", "## Process (overall)", ""] + _table(["policy"] + [k for k, _ in process], rows)
     return "\n".join(lines) + "\n"
