@@ -263,3 +263,10 @@ def test_launch_runs_readers_then_training_and_stops_readers(tmp_path, rc):
     assert (tmp_path / "reader.stopped").exists()  # SIGTERM reached the fleet
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_hmars_recipe_plans_on_8x80gb():
+    plan = plan_of(ROOT / "configs" / "hmars_qwen3_8b_8xh100.yaml", gpus_per_node=8, gpu_memory_gb=80)
+    assert format_plan(plan).splitlines()[-1].startswith("fits: yes (")
+    assert plan.layout.training_gpu_ids == [2, 3, 4, 5, 6, 7] and plan.budget.max_turns == 1
+    assert not plan.errors
