@@ -71,7 +71,7 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
     ds = load_built(spec)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    keep = {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "num_tokens"}
+    keep = {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "num_tokens", "chunks", "chunk_documents"}
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
     if coord.protocol == "hmars":
         from coordrl.envs.hmars_prompts import hmars_prompt as make_prompt

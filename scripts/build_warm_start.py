@@ -1,0 +1,184 @@
+"""Build the world warm start: a tiny Qwen3 taught the tool protocol by supervised fine-tuning.
+
+Documented loop (not SFTTrainer, so the rendering is provably TRL's): every demonstration is a
+scripted episode driven through `coordrl.envs.step.StepEnv`, i.e. prompt ids rendered with TRL's
+prefix-preserving training template, assistant turns as ids (loss on), tool-response suffixes built by
+TRL's ``_get_tool_suffix_ids`` (loss off). Demonstrations are deliberately imperfect: a fraction
+``--p-good`` solve the question, the rest stop after the first hop and answer a decoy (bridge: the
+filming city; comparison: a birth year). Induction-style copy drills (random names, then the same
+names again, loss on the repeat) are mixed into every step, because plain SFT from scratch does not
+learn to copy names in minutes (REFERENCE.md section 6).
+
+    python scripts/build_warm_start.py --out src/coordrl/resources/warm_start --minutes 8
+
+Seeded: the same seed, minutes budget and machine give the same data order; wall-clock stopping
+makes the step count (hence weights) depend on machine speed, so ``--steps`` fixes it exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = None, p_good: float = 0.4, n_train: int = 3000, n_eval: int = 100,
+          lr: float = 1.5e-3, batch: int = 16, drills: int = 64, drill_weight: float = 1.0, threads: int | None = None,
+          init: Path | None = None, max_drill: int = 10, warmup: int = 100) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from coordrl.data.world import build_world_tokenizer, demo_ids, evaluate_world, make_env_factory, make_world, world_splits
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3, save_tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.time()
+    random.seed(seed)
+    torch.manual_seed(seed)
+    tok = build_world_tokenizer(seed=0)
+    tmp = out.with_name(out.name + ".building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_tiny_qwen3(tmp, tokenizer=tok, seed=seed)
+    # ``init``: continue from an earlier warm start (same tokenizer) instead of random weights.
+    model = AutoModelForCausalLM.from_pretrained(str(init or tmp), use_safetensors=True, dtype=torch.float32)
+    codec = ChatCodec(tok)
+    factory = make_env_factory(tok)
+    splits = world_splits(n_train, n_eval, seed=0)
+    rng = random.Random(seed)
+    demos = []
+    for row in splits["train"]:
+        demos.append(demo_ids(row, rng.random() < p_good, codec, factory, max_completion_tokens=1024))
+    log(f"{len(demos)} demonstrations built ({time.time() - t0:.0f}s); vocab {len(tok)}; mean length {sum(len(d[0]) for d in demos) / len(demos):.0f}")
+    names = [tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names]
+    dot = tok(" .", add_special_tokens=False)["input_ids"]
+    pad = tok.pad_token_id
+
+    def drill_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seqs, masks = [], []
+        for _ in range(n):
+            k = rng.randint(3, max_drill)
+            picked = [rng.choice(names) for _ in range(k)]
+            seqs.append(picked + dot + picked)
+            masks.append([0] * (k + len(dot)) + [1] * k)
+        w = max(map(len, seqs))
+        return (torch.tensor([s + [pad] * (w - len(s)) for s in seqs]), torch.tensor([m + [0] * (w - len(m)) for m in masks]))
+
+    # Every demonstration starts with the same system prompt + tool schema (~470 tokens, no loss on it):
+    # it runs once per step at batch size 1 and its key/value cache (with gradients) is shared by the batch.
+    first = demos[0][0]
+    prefix_len = min(next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))) for ids, _ in demos)
+    prefix_len = min(prefix_len, min(len(ids) for ids, _ in demos) - 1)
+    prefix = torch.tensor([first[:prefix_len]])
+    log(f"shared prompt prefix: {prefix_len} tokens")
+
+    def demo_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = [demos[rng.randrange(len(demos))] for _ in range(n)]
+        w = max(len(ids) for ids, _ in picked)
+        return (torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]), torch.tensor([m[prefix_len:] + [0] * (w - len(m)) for _, m in picked]))
+
+    def demo_loss(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(ids.size(0))
+        pos = torch.arange(prefix_len, prefix_len + ids.size(1)).unsqueeze(0).expand(ids.size(0), -1)
+        logits = model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, :-1]
+        return masked_nll(logits, ids, mask)
+
+    def loss_of(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=ids).logits[:, :-1]  # right padding: causal attention never sees it
+        return masked_nll(logits, ids, mask)
+
+    def masked_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        target, m = ids[:, 1:], mask[:, 1:].float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none").view_as(m)
+        return (nll * m).sum() / m.sum().clamp(min=1)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    deadline = t0 + minutes * 60
+    step = 0
+    model.train()
+    history = []
+    while True:
+        if steps is not None and step >= steps:
+            break
+        if steps is None and time.time() > deadline - 60:  # keep a minute for the final evaluation
+            break
+        scale = min(1.0, (step + 1) / warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr * scale
+        ids, mask = demo_batch(batch)
+        loss = demo_loss(ids, mask)
+        if drills:
+            dids, dmask = drill_batch(drills)
+            dloss = loss_of(dids, dmask)
+            total = loss + drill_weight * dloss
+        else:
+            dloss = torch.tensor(0.0)
+            total = loss
+        opt.zero_grad()
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 25 == 0 or step <= 5:
+            history.append({"step": step, "loss": round(loss.item(), 4), "drill_loss": round(dloss.item(), 4), "s": round(time.time() - t0, 1)})
+            log(f"step {step}: demo loss {loss.item():.3f}  drill loss {dloss.item():.3f}  ({time.time() - t0:.0f}s)")
+    model.eval()
+    sft_s = time.time() - t0
+    ev_s = evaluate_world(model, tok, splits["heldout"], sample=True, seed=seed)
+    ev_g = evaluate_world(model, tok, splits["heldout"], sample=False, seed=seed)
+    log(f"held-out EM ({n_eval} questions): sampled {json.dumps(ev_s)}; greedy {json.dumps(ev_g)}")
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    save_tokenizer(tok, tmp)
+    meta = {
+        "what": "coordrl world warm start (scripts/build_warm_start.py)",
+        "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
+        "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
+        "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
+        "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
+    }
+    (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) in {time.time() - t0:.0f}s")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="src/coordrl/resources/warm_start")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=9.5, help="wall-clock budget including the final evaluation")
+    p.add_argument("--steps", type=int, default=None, help="fixed number of SFT steps (overrides --minutes)")
+    p.add_argument("--p-good", type=float, default=0.4, help="fraction of demonstrations that solve the question")
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--batch", type=int, default=16, help="demonstrations per step")
+    p.add_argument("--no-drills", action="store_true", help="ablation: no copy drills")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--init", default=None, help="continue SFT from this warm-start folder")
+    p.add_argument("--drills", type=int, default=64, help="copy drills per step")
+    p.add_argument("--drill-weight", type=float, default=1.0)
+    p.add_argument("--max-drill", type=int, default=10, help="longest copy drill (names)")
+    p.add_argument("--warmup", type=int, default=100)
+    a = p.parse_args(argv)
+    build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps, p_good=a.p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
+          drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

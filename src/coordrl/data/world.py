@@ -1,0 +1,425 @@
+"""A seeded synthetic multi-hop world for the CPU learning check (issue 7).
+
+Entities (people, films, cities, organisations) get syllable-generated one-word names; relations are
+short factual sentences. Every question draws its own chain of entities, so a policy must copy names
+from the question and from the readers' findings instead of memorising facts:
+
+* ``bridge``: "In which city was the director of the film F born?" -> the film's document says
+  "The film F was directed by P and filmed in C2." (C2 is a decoy one hop away), P's document says
+  "P was born in the city of C." -> answer C.
+* ``comparison``: "Who was born earlier, P1 or P2?" -> "P1 was born in the year 1 9 3 4." for both
+  (two parallel lookups, best asked in one ``query_agents`` call) -> the earlier-born name.
+
+Each question's context holds the documents it needs plus distractor documents (other films,
+people and organisations, some sharing the question's entities), shuffled, in the
+``"Document i:\\n<title>\\n<text>"`` layout of `coordrl.data.layout.render_context`; rows also
+carry ``chunks`` (two whole documents per reader, so no fact is cut by a chunk boundary), which the
+PARSER env uses instead of token chunking. Held-out questions are drawn first and their chains (bridge: film,
+director, city; comparison: the unordered pair) are excluded from training.
+
+`build_world_dataset` writes ``train/`` and ``heldout/`` dataset folders that `coordrl train`
+(``train_data: <folder>/train``) and evaluation load directly. `build_world_tokenizer` builds the
+matching tokenizer: byte-level BPE (exact round trip of any text, so tool-call JSON survives),
+GPT-2-style split where every word keeps its leading space (so every entity name is one
+leading-space token, identical in question, query and finding), the Qwen3 special tokens and TRL's
+Qwen3 chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coordrl.data.layout import Paragraph, render_context
+
+ONSETS = "b d f g k l m n p r s t v z".split()
+VOWELS = "a e i o u".split()
+CODAS = ["", "", "n", "r", "l"]
+
+N_PEOPLE = 160
+N_FILMS = 120
+N_CITIES = 48
+N_ORGS = 24
+QUESTION_TYPES = ("bridge", "comparison")
+DOCS_PER_CHUNK = 2
+
+
+@dataclass(frozen=True)
+class World:
+    people: tuple[str, ...]
+    films: tuple[str, ...]
+    cities: tuple[str, ...]
+    orgs: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.people + self.films + self.cities + self.orgs
+
+
+def make_world(seed: int = 0) -> World:
+    """Name pools (disjoint, sorted within each pool), deterministic for ``seed``."""
+    rng = random.Random(f"world-names-{seed}")
+    syllables = [o + v for o in ONSETS for v in VOWELS]
+    seen: set[str] = set()
+    names: list[str] = []
+    total = N_PEOPLE + N_FILMS + N_CITIES + N_ORGS
+    while len(names) < total:
+        name = (rng.choice(syllables) + rng.choice(syllables) + rng.choice(CODAS)).capitalize()
+        # "s" endings are stemmed by the lexical reader; keep names clean of that and of stopwords.
+        if name in seen or name.endswith("s") or len(name) < 4:
+            continue
+        seen.add(name)
+        names.append(name)
+    a, b, c = N_PEOPLE, N_PEOPLE + N_FILMS, N_PEOPLE + N_FILMS + N_CITIES
+    return World(tuple(names[:a]), tuple(names[a:b]), tuple(names[b:c]), tuple(names[c:]))
+
+
+def year_text(year: int) -> str:
+    return str(year)
+
+
+# -- sentences (the lexical reader answers "<title>: <sentence>") -----------------------------------
+
+
+def film_doc(film: str, director: str, city: str) -> Paragraph:
+    return Paragraph(film, f"The film {film} was directed by {director} and filmed in {city}.")
+
+
+def person_doc(person: str, city: str, year: int, org: str) -> Paragraph:
+    return Paragraph(person, f"{person} was born in the city of {city}. {person} was born in the year {year_text(year)}. {person} worked for {org}.")
+
+
+def org_doc(org: str, city: str) -> Paragraph:
+    return Paragraph(org, f"{org} is an organisation based in {city}.")
+
+
+def bridge_question(film: str) -> str:
+    return f"In which city was the director of the film {film} born?"
+
+
+def comparison_question(p1: str, p2: str) -> str:
+    return f"Who was born earlier, {p1} or {p2}?"
+
+
+# Queries a competent lead agent asks (the scripted demonstrations use exactly these).
+def q_director(film: str) -> str:
+    return f"Who directed the film {film}?"
+
+
+def q_city(person: str) -> str:
+    return f"In which city was {person} born?"
+
+
+def q_year(person: str) -> str:
+    return f"In which year was {person} born?"
+
+
+# -- questions ------------------------------------------------------------------------------------
+
+
+def _person_facts(rng: random.Random, world: World, person: str, used_years: set[int]) -> tuple[str, int, str]:
+    year = rng.randint(1900, 1999)
+    while year in used_years:
+        year = rng.randint(1900, 1999)
+    used_years.add(year)
+    return rng.choice(world.cities), year, rng.choice(world.orgs)
+
+
+def _distractors(rng: random.Random, world: World, avoid: set[str], used_years: set[int], n_people: int, n_films: int, n_orgs: int) -> list[Paragraph]:
+    docs: list[Paragraph] = []
+    people = [p for p in world.people if p not in avoid]
+    films = [f for f in world.films if f not in avoid]
+    for p in rng.sample(people, n_people):
+        docs.append(person_doc(p, *_person_facts(rng, world, p, used_years)))
+        avoid.add(p)
+    for f in rng.sample(films, n_films):
+        docs.append(film_doc(f, rng.choice([p for p in world.people if p not in avoid]), rng.choice(world.cities)))
+    for o in rng.sample(world.orgs, n_orgs):
+        docs.append(org_doc(o, rng.choice(world.cities)))
+    return docs
+
+
+def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[str, Any], tuple]:
+    """One question with its own chain and document; returns ``(row_without_id, chain_key)``."""
+    used_years: set[int] = set()
+    if qtype == "bridge":
+        film = rng.choice(world.films)
+        director = rng.choice(world.people)
+        city, year, org = _person_facts(rng, world, director, used_years)
+        decoy = rng.choice([c for c in world.cities if c != city])
+        gold = [film_doc(film, director, decoy), person_doc(director, city, year, org)]
+        # Distractors one hop away: another film by the same director (other city), a person born in the decoy city.
+        other_film = rng.choice([f for f in world.films if f != film])
+        near = [film_doc(other_film, director, rng.choice([c for c in world.cities if c != city]))]
+        avoid = {film, director, other_film}
+        distract = _distractors(rng, world, avoid, used_years, 2, 1, 1)
+        question, answers, key = bridge_question(film), [city], ("bridge", film, director, city)
+        extra = {"film": film, "director": director, "decoy": decoy}
+    elif qtype == "comparison":
+        p1, p2 = rng.sample(world.people, 2)
+        f1 = _person_facts(rng, world, p1, used_years)
+        f2 = _person_facts(rng, world, p2, used_years)
+        gold = [person_doc(p1, *f1), person_doc(p2, *f2)]
+        other_film = rng.choice(world.films)
+        near = [film_doc(other_film, p1, f2[0])]
+        avoid = {p1, p2, other_film}
+        distract = _distractors(rng, world, avoid, used_years, 2, 1, 1)
+        earlier = p1 if f1[1] < f2[1] else p2
+        question, answers, key = comparison_question(p1, p2), [earlier], ("comparison", *sorted((p1, p2)))
+        extra = {"people": [p1, p2], "years": [f1[1], f2[1]], "decoy": p2 if earlier == p1 else p1}
+    else:
+        raise ValueError(f"unknown question type {qtype!r}; use one of {QUESTION_TYPES}")
+    docs = gold + near + distract
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    paragraphs = [docs[i] for i in order]
+    gold_documents = sorted(order.index(i) + 1 for i in range(len(gold)))
+    context, offsets = render_context(paragraphs)
+    # Readers get whole documents (DOCS_PER_CHUNK per reader), so no fact is ever cut in half.
+    bounds = offsets[::DOCS_PER_CHUNK] + [len(context)]
+    chunks = [context[a:b].rstrip("\n") for a, b in zip(bounds, bounds[1:])]
+    chunk_documents = [list(range(i * DOCS_PER_CHUNK + 1, min((i + 1) * DOCS_PER_CHUNK, len(paragraphs)) + 1)) for i in range(len(chunks))]
+    row = {
+        "question": question,
+        "answers": answers,
+        "context": context,
+        "doc_offsets": offsets,
+        "gold_documents": gold_documents,
+        "chunks": chunks,
+        "chunk_documents": chunk_documents,
+        "type": qtype,
+        "chain": json.dumps(extra),
+    }
+    return row, key
+
+
+def world_rows(n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world") -> tuple[list[dict[str, Any]], set[tuple]]:
+    """``n`` questions, types alternating, chains unique and outside ``exclude``."""
+    rng = random.Random(f"world-questions-{seed}-{prefix}")
+    exclude = set(exclude or ())
+    keys: set[tuple] = set()
+    rows: list[dict[str, Any]] = []
+    while len(rows) < n:
+        qtype = QUESTION_TYPES[len(rows) % len(QUESTION_TYPES)]
+        row, key = make_question(rng, world, qtype)
+        if key in exclude or key in keys:
+            continue
+        keys.add(key)
+        rows.append({"id": f"{prefix}-{len(rows):05d}", **row})
+    return rows, keys
+
+
+def world_splits(n_train: int, n_heldout: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows, "heldout": rows}``; held-out chains never occur in training."""
+    world = make_world(seed)
+    heldout, held_keys = world_rows(n_heldout, seed, world, prefix="heldout")
+    train, _ = world_rows(n_train, seed, world, exclude=held_keys, prefix="train")
+    return {"train": train, "heldout": heldout}
+
+
+def build_world_dataset(out: str | Path, n_train: int = 4000, n_heldout: int = 200, seed: int = 0) -> dict[str, Path]:
+    """Write ``<out>/train`` and ``<out>/heldout`` (datasets ``save_to_disk`` folders); returns them."""
+    import datasets
+
+    out = Path(out)
+    paths = {}
+    for split, rows in world_splits(n_train, n_heldout, seed).items():
+        folder = out / split
+        datasets.Dataset.from_list(rows).save_to_disk(str(folder))
+        paths[split] = folder
+    (out / "world.json").write_text(json.dumps({"n_train": n_train, "n_heldout": n_heldout, "seed": seed}) + "\n")
+    return paths
+
+
+# -- tokenizer ------------------------------------------------------------------------------------
+
+# GPT-2-style split: every word keeps its own leading space (and nothing else), digits one by one.
+WORLD_SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def _corpus_texts(world: World) -> list[str]:
+    """Text the world tokenizer is trained on: names, templates, prompts and tool-call shapes."""
+    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
+    from coordrl.rollout.tiny_qwen3 import _synthetic_tool_texts
+
+    texts = [LEAD_SYSTEM_PROMPT, "Question: ", "Unknown", "dummy", "{}}", '{"dummy": {}}']
+    rng = random.Random(0)
+    names = list(world.names)
+    for name in names:
+        for _ in range(3):
+            texts.append(f" {name}")
+        texts.append(f"Document 1:\n{name}\n{name}: {name}.")
+    for _ in range(200):
+        row, _ = make_question(rng, world, rng.choice(QUESTION_TYPES))
+        texts.append(row["question"])
+        texts.append(row["context"])
+    qs = [bridge_question(f) for f in world.films[:20]] + [comparison_question(a, b) for a, b in zip(world.people[:20], world.people[20:40], strict=True)]
+    texts.extend(_synthetic_tool_texts(qs, list(world.people[:40])))
+    for p in world.people[:40]:
+        texts.append(json.dumps({"name": "query_agents", "arguments": {"queries": [q_city(p), q_year(p)]}}))
+        texts.append(f"<answer> {p}</answer>")
+    return texts
+
+
+def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, vocab_size: int = 4096):
+    """The world tokenizer (a ``PreTrainedTokenizerFast``); see the module docstring.
+
+    Raises ValueError when some entity name is not a single leading-space token.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from coordrl.rollout.tiny_qwen3 import ADDED_TOKENS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, _fragments_without_added_tokens, _qwen3_chat_template
+
+    world = make_world(seed)
+    corpus = sorted(set(_fragments_without_added_tokens(_corpus_texts(world) + list(extra_texts or []))))
+    n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    backend = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(WORLD_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - n_added,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=_qwen3_chat_template(),
+        clean_up_tokenization_spaces=False,
+        model_max_length=32768,
+    )
+    bad = [n for n in world.names if len(tok(f" {n}", add_special_tokens=False)["input_ids"]) != 1]
+    if bad:
+        raise ValueError(f"{len(bad)} names are not single tokens (e.g. {bad[:5]}); raise vocab_size")
+    return tok
+
+
+# -- scripted demonstrations and batched evaluation (warm start, learning check) ------------------
+
+# Environment settings the world runs with (configs/world_cpu.yaml uses the same values).
+WORLD_ENV = {"readers": "lexical", "lexical_threshold": 0.9, "chunk_tokens": 48, "max_turns": 3, "observation_max_tokens": 256}
+
+
+def tool_call_text(queries: list[str]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "query_agents", "arguments": {"queries": queries}}) + "\n</tool_call>"
+
+
+def answer_text(answer: str) -> str:
+    # A leading space keeps the answer the same token as the name in question and findings.
+    return f"<answer> {answer}</answer>"
+
+
+def scripted_turns(row: dict[str, Any], good: bool) -> list[str]:
+    """Assistant turns of a demonstration: ``good`` solves the question; otherwise it stops after the
+    first hop and answers a decoy (bridge: the filming city; comparison: a birth year)."""
+    chain = json.loads(row["chain"])
+    if row["type"] == "bridge":
+        first = tool_call_text([q_director(chain["film"])])
+        if good:
+            return [first, tool_call_text([q_city(chain["director"])]), answer_text(row["answers"][0])]
+        return [first, answer_text(chain["decoy"])]
+    p1, p2 = chain["people"]
+    if good:
+        return [tool_call_text([q_year(p1), q_year(p2)]), answer_text(row["answers"][0])]
+    return [tool_call_text([q_year(p1)]), answer_text(year_text(chain["years"][0]))]
+
+
+def make_env_factory(tokenizer, **overrides: Any):
+    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+
+    return ParserEnvFactory(ParserEnvConfig(**{**WORLD_ENV, **overrides}), tokenizer=tokenizer)
+
+
+def demo_ids(row: dict[str, Any], good: bool, codec, factory, max_completion_tokens: int | None = None) -> tuple[list[int], list[int]]:
+    """``(ids, loss_mask)`` of a scripted episode built exactly as TRL builds a rollout: prompt ids with
+    TRL's training template, each assistant turn's ids (loss 1), each tool round's suffix ids (loss 0)."""
+    from coordrl.envs.step import StepEnv
+
+    env = StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens)
+    env.reset(**row)
+    ids, mask = list(env.prompt_ids), [0] * len(env.prompt_ids)
+    for turn in scripted_turns(row, good):
+        before = len(env.completion_ids)
+        step = env.step(turn)
+        n_turn = len(codec.encode_turn(turn))
+        new = env.completion_ids[before:]
+        ids += new
+        mask += [1] * n_turn + [0] * (len(new) - n_turn)
+        if step.terminated or step.truncated:
+            break
+    return ids, mask
+
+
+def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 48, max_completion_tokens: int | None = 1024) -> dict[str, Any]:
+    """Exact match per question type of ``model`` on ``rows``, episodes run in batches through `StepEnv`
+    (the same parsing, tools, suffixes and caps as TRL's loop). ``sample``: temperature 1, else greedy."""
+    import torch
+
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.envs.step import StepEnv
+
+    codec = ChatCodec(tokenizer)
+    factory = make_env_factory(tokenizer)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    results: list[tuple[str, float, int]] = []
+    model.eval()
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        envs = [StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens) for _ in batch]
+        for env, row in zip(envs, batch, strict=True):
+            env.reset(**row)
+        rewards = [0.0] * len(batch)
+        active = list(range(len(batch)))
+        for _ in range(WORLD_ENV["max_turns"] + 1):
+            if not active:
+                break
+            ctx = [envs[i].context_ids for i in active]
+            width = max(map(len, ctx))
+            inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
+            att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
+            with torch.no_grad():
+                kw = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
+                out = model.generate(inp, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **kw)
+            still = []
+            for row_i, i in enumerate(active):
+                new = out[row_i, width:].tolist()
+                if eos in new:
+                    new = new[: new.index(eos) + 1]
+                else:
+                    while new and new[-1] == pad:
+                        new.pop()
+                if not new:
+                    envs[i].truncate()
+                    continue
+                step = envs[i].step(new)
+                if step.terminated or step.truncated:
+                    rewards[i] = step.reward
+                else:
+                    still.append(i)
+            active = still
+        for env, row, r in zip(envs, batch, rewards, strict=True):
+            results.append((row["type"], r, env.tool_rounds))
+    out: dict[str, Any] = {}
+    for qtype in QUESTION_TYPES + ("all",):
+        sel = [r for r in results if qtype == "all" or r[0] == qtype]
+        if sel:
+            out[qtype] = sum(r[1] for r in sel) / len(sel)
+            out[f"{qtype}_tool_rounds"] = sum(r[2] for r in sel) / len(sel)
+    return out

@@ -1,0 +1,88 @@
+"""The synthetic multi-hop world (coordrl.data.world) and its tokenizer (issue 7)."""
+
+import json
+
+import pytest
+
+from coordrl.data.world import (
+    QUESTION_TYPES,
+    build_world_dataset,
+    build_world_tokenizer,
+    demo_ids,
+    make_env_factory,
+    make_world,
+    scripted_turns,
+    world_splits,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_world_tokenizer(seed=0)
+
+
+def test_world_is_seeded_and_heldout_chains_are_unseen():
+    a, b = world_splits(300, 40, seed=0), world_splits(300, 40, seed=0)
+    assert a == b
+    assert world_splits(50, 10, seed=1)["heldout"] != a["heldout"][:10]
+    w = make_world(0)
+    assert len(set(w.names)) == len(w.names)
+    def key(r):
+        c = json.loads(r["chain"])
+        return (r["type"], c.get("film"), c.get("director"), r["answers"][0]) if r["type"] == "bridge" else (r["type"], *sorted(c["people"]))
+    assert not {key(r) for r in a["heldout"]} & {key(r) for r in a["train"]}
+    assert {r["type"] for r in a["train"]} == set(QUESTION_TYPES)
+    for r in a["train"][:50]:
+        for d in r["gold_documents"]:
+            start = r["doc_offsets"][d - 1]
+            assert r["context"][start:].startswith(f"Document {d}:\n")
+        chain = json.loads(r["chain"])
+        if r["type"] == "bridge":
+            assert f"The film {chain['film']} was directed by {chain['director']} and filmed in {chain['decoy']}." in r["context"]
+            assert f"{chain['director']} was born in the city of {r['answers'][0]}." in r["context"]
+        else:
+            y1, y2 = chain["years"]
+            assert r["answers"][0] == chain["people"][0 if y1 < y2 else 1]
+
+
+def test_dataset_folder_loads(tmp_path):
+    from coordrl.data.show import load_built
+
+    paths = build_world_dataset(tmp_path / "w", n_train=20, n_heldout=6, seed=0)
+    ds = load_built(paths["train"])
+    assert len(ds) == 20 and {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "type"} <= set(ds.column_names)
+
+
+def test_tokenizer_names_single_token_roundtrip_and_trl_template(tok):
+    from trl.chat_template_utils import qwen3_chat_template
+
+    assert tok.chat_template == qwen3_chat_template
+    for n in make_world(0).names:
+        assert len(tok(f" {n}", add_special_tokens=False)["input_ids"]) == 1
+    for text in ['<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["In which year was Bofa born?"]}}\n</tool_call>', "dummy", "{}}", "<answer> 1934</answer>"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("good,reward", [(True, 1.0), (False, 0.0)])
+def test_scripted_demonstrations_score_and_mask(tok, good, reward):
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.envs.step import StepEnv
+
+    codec, factory = ChatCodec(tok), make_env_factory(tok)
+    for row in world_splits(0, 6, seed=0)["heldout"]:
+        env = StepEnv(factory(), codec, max_turns=3)
+        env.reset(**row)
+        for turn in scripted_turns(row, good):
+            step = env.step(turn)
+        assert step.terminated and step.reward == reward
+        # Every lookup of a scripted trajectory finds its fact (and only facts about the named entity).
+        findings = env.env.findings
+        assert findings and all(any(w in f["text"] for w in json.loads(row["chain"]).values() if isinstance(w, str)) or f["query"].split()[-2] in f["text"] for f in findings)
+        if good:
+            assert any(row["answers"][0] in f["text"] for f in findings) or row["type"] == "comparison"
+        ids, mask = demo_ids(row, good, codec, factory)
+        trained = tok.decode([i for i, m in zip(ids, mask) if m])
+        hidden = tok.decode([i for i, m in zip(ids, mask) if not m])
+        assert "<tool_response>" not in trained and "finding(s)" in hidden and "<answer>" in trained
+        assert ids == env.prompt_ids + env.completion_ids
