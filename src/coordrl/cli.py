@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
+from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 
 
@@ -31,16 +32,6 @@ def _int_list(text: str) -> list[int]:
 
 def _str_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def _add_source_flags(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
 
@@ -461,16 +462,6 @@ def parse_settings(items: Sequence[str] | None) -> dict[str, Any] | None:
         except yaml.YAMLError:
             out[key.strip()] = value
     return out
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
 
@@ -752,16 +753,6 @@ def _results(cfg, source, weights, label, subsets, datasets, selected, out, stat
 # ---------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
