@@ -206,3 +206,20 @@ def test_httpx_default_transport_can_be_chosen(server):
     results = asyncio.run(_answer(fleet, [_req(i) for i in range(5)]))
     assert all(r.ok for r in results)
     assert sum(r.attempts for r in results) == 7  # each injected fault cost exactly one retry
+
+
+def test_cached_body_encoding_is_byte_identical_to_json_dumps():
+    """The fast path reuses the escaped passage per chunk; the bytes must equal a plain json.dumps,
+    also when a caller reuses a chunk_key for different text or overrides fields."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    pieces = ["a", "ü", "😀", "\n", '"', "\\", "<tool_call>", "Document 1:\n", " "]
+    for extra in ({}, {"top_p": 0.9, "temperature": 0.3}, {"model": "other"}):
+        fleet = OpenAIReaderFleet(["http://127.0.0.1:9"], 'm"ü', api_key_env=None, extra_body=extra)
+        for i in range(200):
+            chunk = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 200)))
+            query = "".join(rng.choice(["b", "é", "\t", "?", " ", "</tool_call>"]) for _ in range(rng.randint(0, 30)))
+            request = ReaderRequest(query, chunk, f"k{i % 5}")
+            assert fleet.encode_body(request) == json.dumps(fleet.request_body(request), separators=(",", ":")).encode()

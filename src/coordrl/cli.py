@@ -8,6 +8,7 @@ exit with status 2; they never dump a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -289,7 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    # Building the parser imports the subcommands' libraries, and transformers prints a notice on
+    # stdout at import (wandb offline mode); stdout is kept for results (`--json`).
+    with contextlib.redirect_stdout(sys.stderr):
+        parser = build_parser()
     # `train` takes arbitrary --<field> VALUE overrides; every other command is parsed strictly.
     args, unknown = parser.parse_known_args(argv)
     if getattr(args, "command", None) == "train":
