@@ -82,11 +82,10 @@ class TokenCounter:
         return costs
 
     def context_tokens(self, paragraphs: Sequence[Paragraph], costs: Sequence[int]) -> int:
-        """Tokens of the rendered context of ``paragraphs`` given their `paragraph_costs`."""
+        """Tokens of the rendered context of ``paragraphs`` from their `paragraph_costs` (the additive method;
+        exact only when `verify` passed, so callers count whole contexts when ``additive`` is False)."""
         if not paragraphs:
             return 0
-        if not self.additive:
-            return self.count(render_context(paragraphs)[0])
         return self.headers_total(len(paragraphs)) + sum(costs[:-1]) + self.count(paragraphs[-1].text)
 
     def headers_total(self, n: int) -> int:

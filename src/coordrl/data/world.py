@@ -269,41 +269,11 @@ def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, v
 
     Raises ValueError when some entity name is not a single leading-space token.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from coordrl.rollout.tiny_qwen3 import ADDED_TOKENS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, _fragments_without_added_tokens, _qwen3_chat_template
+    from coordrl.rollout.tiny_qwen3 import train_tokenizer
 
     world = make_world(seed)
-    corpus = sorted(set(_fragments_without_added_tokens(_corpus_texts(world) + list(extra_texts or []))))
-    n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
-    backend = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(WORLD_SPLIT_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - n_added,
-        min_frequency=1,
-        show_progress=False,
-        special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        chat_template=_qwen3_chat_template(),
-        clean_up_tokenization_spaces=False,
-        model_max_length=32768,
-    )
+    # Every name must be one token: merge pairs seen once, and split words the world's way.
+    tok = train_tokenizer(_corpus_texts(world) + list(extra_texts or []), vocab_size, split_pattern=WORLD_SPLIT_PATTERN, min_frequency=1)
     bad = [n for n in world.names if len(tok(f" {n}", add_special_tokens=False)["input_ids"]) != 1]
     if bad:
         raise ValueError(f"{len(bad)} names are not single tokens (e.g. {bad[:5]}); raise vocab_size")

@@ -39,6 +39,7 @@ from coordrl.envs.hmars_index import (
     parse_json_object,
 )
 from coordrl.envs.hmars_prompts import answer_messages, hmars_prompt, selector_messages
+from coordrl.envs.parser import ToolInputError
 from coordrl.rewards.extract import extract_answer
 from coordrl.rewards.metrics import exact_match, f1_score
 from coordrl.rollout.lexical import LexicalReader, content_words, split_chunk_sentences
@@ -145,12 +146,6 @@ class HmarsEnvConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class _ToolInputError(ValueError):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 # -- backends ---------------------------------------------------------------------------------------
@@ -350,7 +345,7 @@ class MidAgentEnv:
         """
         try:
             interp, by_sub = self._validate(interpretation, hints)
-        except _ToolInputError as err:
+        except ToolInputError as err:
             self._ep.tool_errors[err.kind] = self._ep.tool_errors.get(err.kind, 0) + 1
             return f"Error: {err}"
         selections = await self._select(interp, by_sub)
@@ -453,35 +448,35 @@ class MidAgentEnv:
     def _validate(self, interpretation: Any, hints: Any) -> tuple[str, dict[int, str]]:
         c = self._config
         if self._index is None:
-            raise _ToolInputError("not_reset", "the environment has no document; reset() was not called")
+            raise ToolInputError("not_reset", "the environment has no document; reset() was not called")
         if self._ep.broadcasts:
-            raise _ToolInputError("second_broadcast", "broadcast was already called in this episode and runs once; answer from its result")
+            raise ToolInputError("second_broadcast", "broadcast was already called in this episode and runs once; answer from its result")
         if not isinstance(interpretation, str):
-            raise _ToolInputError("wrong_type", f"interpretation must be a string, got {type(interpretation).__name__}")
+            raise ToolInputError("wrong_type", f"interpretation must be a string, got {type(interpretation).__name__}")
         interp = " ".join(interpretation.split())
         if not interp:
-            raise _ToolInputError("empty", "interpretation is empty; say what the question needs from this region")
+            raise ToolInputError("empty", "interpretation is empty; say what the question needs from this region")
         if len(interp) > c.max_interpretation_chars:
-            raise _ToolInputError("too_long", f"interpretation has {len(interp)} characters; the limit is {c.max_interpretation_chars}")
+            raise ToolInputError("too_long", f"interpretation has {len(interp)} characters; the limit is {c.max_interpretation_chars}")
         if hints is None:
             hints = {}
         if not isinstance(hints, dict):
-            raise _ToolInputError("wrong_type", f'hints must be an object mapping sub-agent ids to strings, e.g. {{"s0": "find X"}}, got {type(hints).__name__}')
+            raise ToolInputError("wrong_type", f'hints must be an object mapping sub-agent ids to strings, e.g. {{"s0": "find X"}}, got {type(hints).__name__}')
         region = set(self._region_subagents)
         valid = ", ".join(f"s{i}" for i in sorted(region))
         by_sub: dict[int, str] = {}
         for raw_key, value in hints.items():
             match = _SUB_ID.match(str(raw_key))
             if match is None or int(match.group(1)) not in region:
-                raise _ToolInputError("unknown_subagent", f"unknown sub-agent id {str(raw_key)[:40]!r}; this region's sub-agents are {valid}")
+                raise ToolInputError("unknown_subagent", f"unknown sub-agent id {str(raw_key)[:40]!r}; this region's sub-agents are {valid}")
             sub = int(match.group(1))
             if not isinstance(value, str):
-                raise _ToolInputError("wrong_type", f"the hint for s{sub} must be a string, got {type(value).__name__}")
+                raise ToolInputError("wrong_type", f"the hint for s{sub} must be a string, got {type(value).__name__}")
             if sub in by_sub:
-                raise _ToolInputError("duplicate", f"two hints for s{sub}")
+                raise ToolInputError("duplicate", f"two hints for s{sub}")
             hint = " ".join(value.split())
             if len(hint) > c.max_hint_chars:
-                raise _ToolInputError("too_long", f"the hint for s{sub} has {len(hint)} characters; the limit is {c.max_hint_chars}")
+                raise ToolInputError("too_long", f"the hint for s{sub} has {len(hint)} characters; the limit is {c.max_hint_chars}")
             if hint:  # an empty hint is a missing hint: the interpretation stands in for it
                 by_sub[sub] = hint
         return interp, by_sub
@@ -756,7 +751,7 @@ async def run_all_regions(
             return out
         try:
             interp, by_sub = env._validate(args.get("interpretation"), args.get("hints"))
-        except _ToolInputError as err:
+        except ToolInputError as err:
             env._ep.tool_errors[err.kind] = env._ep.tool_errors.get(err.kind, 0) + 1
             out["error"] = str(err)
             return out
@@ -789,7 +784,7 @@ class _RegionMidAgent(MidAgentEnv):
     async def broadcast(self, interpretation: str, hints: dict[str, str]) -> str:
         try:
             interp, by_sub = self._validate(interpretation, hints)
-        except _ToolInputError as err:
+        except ToolInputError as err:
             self._ep.tool_errors[err.kind] = self._ep.tool_errors.get(err.kind, 0) + 1
             return f"Error: {err}"
         selections = await self._select(interp, by_sub)

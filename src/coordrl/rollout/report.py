@@ -49,13 +49,7 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("failed", "failed", _int),
 ]
 # hmars policies: accuracy beside the HMARS evidence metrics (PARSER's reader columns mean nothing there).
-HMARS_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("samples", "n", _int),
-    ("sub_em", "sub_em", _pct),
-    ("guarded_sub_em", "guarded sub_em", _pct),
-    ("em", "EM", _pct),
-    ("f1", "F1", _pct),
-    ("answered", "answered", _pct),
+HMARS_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = COLUMNS[:6] + [  # n, accuracies, answered
     ("recall", "evidence recall", _pct),
     ("pages_selected", "pages selected", _num(1)),
     ("answer_prompt_tokens", "answer prompt tokens", _int),

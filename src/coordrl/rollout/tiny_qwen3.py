@@ -112,7 +112,13 @@ def _fragments_without_added_tokens(texts: Iterable[str]) -> Iterator[str]:
                 yield piece
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = SHIPPED_VOCAB_SIZE) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = SHIPPED_VOCAB_SIZE,
+    *,
+    split_pattern: str = QWEN_SPLIT_PATTERN,
+    min_frequency: int = _MIN_FREQUENCY,
+) -> PreTrainedTokenizerFast:
     """Train a Qwen3-style byte-level BPE tokenizer on ``texts``.
 
     The result round-trips any text exactly (no normaliser; the full 256-byte alphabet is always present),
@@ -126,6 +132,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = SHIPPED_VOCAB_SIZE) 
         texts: training text. Order and duplicates do not matter: texts are deduplicated and sorted first.
         vocab_size: total vocabulary size including the 9 added tokens. A small corpus may yield fewer BPE
             tokens, in which case the vocabulary is smaller; ``len(tokenizer)`` is always the true size.
+        split_pattern: pre-tokenizer regex (default Qwen's; the synthetic world uses its own).
+        min_frequency: BPE merge threshold (default 2).
 
     Returns:
         A ``PreTrainedTokenizerFast`` ready to use or to save with :func:`save_tokenizer`.
@@ -141,7 +149,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = SHIPPED_VOCAB_SIZE) 
     backend = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(split_pattern), behavior="isolated", invert=False),
             # The regex already split the text; ByteLevel here only maps bytes to printable symbols.
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
@@ -150,7 +158,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = SHIPPED_VOCAB_SIZE) 
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - n_added,
-        min_frequency=_MIN_FREQUENCY,
+        min_frequency=min_frequency,
         show_progress=False,
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
