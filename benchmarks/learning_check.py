@@ -88,6 +88,7 @@ def plot(curves: dict[int, list[dict]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reuse-warm-start", action="store_true", help="start from the kept checkpoint instead of rebuilding it")
+    p.add_argument("--warm-start", default=None, help="start from this warm-start folder instead of rebuilding it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=5.0, help="GRPO wall-clock budget per seed")
     p.add_argument("--eval-n", type=int, default=100, help="held-out questions evaluated (half per type)")
@@ -104,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(kv.split("=", 1) for kv in a.set)
     walls: dict[str, float] = {}
     t0 = time.time()
-    warm = KEPT
-    if not a.reuse_warm_start:
+    warm = Path(a.warm_start) if a.warm_start else KEPT
+    if not (a.reuse_warm_start or a.warm_start):
         spec = importlib.util.spec_from_file_location("build_warm_start", ROOT / "scripts" / "build_warm_start.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

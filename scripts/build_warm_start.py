@@ -33,9 +33,31 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[int]) -> dict[str, float]:
+    """Share of entity names a policy gets right (argmax, teacher-forced) in the solving demonstration
+    of each row, per question type and for the first query's name: copying, apart from branching."""
+    from coordrl.data.world import demo_ids
+
+    hits: dict[str, list[int]] = {}
+    with torch.no_grad():
+        for row in rows:
+            ids, mask = demo_ids(row, True, codec, factory)
+            pred = model(input_ids=torch.tensor([ids])).logits[0, :-1].argmax(-1).tolist()
+            first = True
+            for i in range(1, len(ids)):
+                if mask[i] and ids[i] in name_set:
+                    ok = int(pred[i - 1] == ids[i])
+                    hits.setdefault(row["type"], []).append(ok)
+                    if first:
+                        hits.setdefault(f"{row['type']}_first_query", []).append(ok)
+                        first = False
+    return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
+
+
 def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = None, p_good: float = 0.4, n_train: int = 3000, n_eval: int = 100,
           lr: float = 1.5e-3, batch: int = 16, drills: int = 64, drill_weight: float = 1.0, threads: int | None = None,
-          init: Path | None = None, max_drill: int = 10, warmup: int = 100) -> dict:
+          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 1.0, recall_frac: float = 0.0,
+          drills_in_context: bool = False, drill_steps: int = 0, drill_batch_size: int = 128) -> dict:
     from transformers import AutoModelForCausalLM
 
     from coordrl.data.world import build_world_tokenizer, demo_ids, evaluate_world, make_env_factory, make_world, world_splits
@@ -64,11 +86,28 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
     names = [tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names]
     dot = tok(" .", add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id
+    name_set = set(names)
+
+    # Keys for recall drills: the world's own words, so "the film F ... the film ?" is a drill the model has seen.
+    key_words = sorted({t for text in (demos[0][0], demos[1][0]) for t in text} - name_set - set(tok.all_special_ids))
 
     def drill_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         seqs, masks = [], []
         for _ in range(n):
             k = rng.randint(3, max_drill)
+            if rng.random() < recall_frac:
+                # Associative recall: "k1 v1 k2 v2 ... . kj vj ..." (keys distinct, asked in shuffled order).
+                keys = rng.sample(key_words, k)
+                vals = [rng.choice(names) for _ in range(k)]
+                order = rng.sample(range(k), k)
+                seq = [t for kv in zip(keys, vals, strict=True) for t in kv] + dot
+                mask = [0] * len(seq)
+                for j in order:
+                    seq += [keys[j], vals[j]]
+                    mask += [0, 1]
+                seqs.append(seq)
+                masks.append(mask)
+                continue
             picked = [rng.choice(names) for _ in range(k)]
             seqs.append(picked + dot + picked)
             masks.append([0] * (k + len(dot)) + [1] * k)
@@ -83,12 +122,18 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
     prefix = torch.tensor([first[:prefix_len]])
     log(f"shared prompt prefix: {prefix_len} tokens")
 
+    def weighted(ids: list[int], mask: list[int]) -> list[float]:
+        # Entity names are the hard tokens (one per query among dozens of fixed JSON tokens): weigh them up.
+        return [float(m) * (name_weight if t in name_set else 1.0) for t, m in zip(ids, mask, strict=True)]
+
     def demo_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         picked = [demos[rng.randrange(len(demos))] for _ in range(n)]
         w = max(len(ids) for ids, _ in picked)
-        return (torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]), torch.tensor([m[prefix_len:] + [0] * (w - len(m)) for _, m in picked]))
+        return (torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]),
+                torch.tensor([weighted(ids, m)[prefix_len:] + [0.0] * (w - len(m)) for ids, m in picked]))
 
     def demo_loss(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # The shared prompt prefix runs once (batch 1); its key/value cache is repeated for the batch.
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -104,8 +149,9 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
 
     def masked_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         target, m = ids[:, 1:], mask[:, 1:].float()
+        # Normalised by the number of loss positions (not their weights), so name_weight adds signal.
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none").view_as(m)
-        return (nll * m).sum() / m.sum().clamp(min=1)
+        return (nll * m).sum() / (m > 0).sum().clamp(min=1)
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     deadline = t0 + minutes * 60
@@ -120,13 +166,22 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         scale = min(1.0, (step + 1) / warmup)
         for g in opt.param_groups:
             g["lr"] = lr * scale
-        ids, mask = demo_batch(batch)
-        loss = demo_loss(ids, mask)
-        if drills:
-            dids, dmask = drill_batch(drills)
+        if step < drill_steps:
+            # Curriculum: copy drills alone first (short sequences, cheap steps) until induction forms.
+            dids, dmask = drill_batch(drill_batch_size)
+            loss = torch.tensor(0.0)
             dloss = loss_of(dids, dmask)
+            total = dloss
+        elif drills:
+            ids, mask = demo_batch(batch)
+            loss = demo_loss(ids, mask)
+            dids, dmask = drill_batch(drills)
+            # In context: after the real system prompt, where the copying is needed, not at position 0.
+            dloss = demo_loss(dids, dmask) if drills_in_context else loss_of(dids, dmask)
             total = loss + drill_weight * dloss
         else:
+            ids, mask = demo_batch(batch)
+            loss = demo_loss(ids, mask)
             dloss = torch.tensor(0.0)
             total = loss
         opt.zero_grad()
@@ -139,6 +194,8 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
             log(f"step {step}: demo loss {loss.item():.3f}  drill loss {dloss.item():.3f}  ({time.time() - t0:.0f}s)")
     model.eval()
     sft_s = time.time() - t0
+    copy = copy_accuracy(model, tok, splits["heldout"], codec, factory, name_set)
+    log(f"held-out name copying (teacher-forced argmax on solving demonstrations): {json.dumps(copy)}")
     ev_s = evaluate_world(model, tok, splits["heldout"], sample=True, seed=seed)
     ev_g = evaluate_world(model, tok, splits["heldout"], sample=False, seed=seed)
     log(f"held-out EM ({n_eval} questions): sampled {json.dumps(ev_s)}; greedy {json.dumps(ev_g)}")
@@ -148,8 +205,10 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         "what": "coordrl world warm start (scripts/build_warm_start.py)",
         "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
         "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
+        "name_weight": name_weight, "recall_frac": recall_frac, "drills_in_context": drills_in_context, "warmup": warmup,
+        "drill_steps": drill_steps, "drill_batch_size": drill_batch_size,
         "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
-        "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
+        "heldout_copy": copy, "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
     }
     (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -174,9 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drill-weight", type=float, default=1.0)
     p.add_argument("--max-drill", type=int, default=10, help="longest copy drill (names)")
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--name-weight", type=float, default=1.0, help="loss weight of entity-name tokens in demonstrations")
+    p.add_argument("--recall-frac", type=float, default=0.0, help="fraction of drills that are key-value recall instead of plain repeats")
+    p.add_argument("--drills-in-context", action="store_true", help="run drills after the shared system prompt instead of at position 0")
+    p.add_argument("--drill-steps", type=int, default=0, help="first steps with copy drills only (curriculum)")
+    p.add_argument("--drill-batch", type=int, default=128, help="drills per drill-only step")
     a = p.parse_args(argv)
     build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps, p_good=a.p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
-          drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup)
+          drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup,
+          name_weight=a.name_weight, recall_frac=a.recall_frac, drills_in_context=a.drills_in_context,
+          drill_steps=a.drill_steps, drill_batch_size=a.drill_batch)
     return 0
 
 

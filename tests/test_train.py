@@ -77,6 +77,24 @@ def test_training_steps_checkpoint_mask_metrics_and_traces(tmp_path):
     assert traces[0]["completion"][0]["tool_calls"][0]["function"]["name"] == "query_agents"
 
 
+def test_observation_tokens_enter_the_loss_only_in_the_ablation(tmp_path):
+    captured = []
+
+    class Capture(scripted_trainer_class(CoordGRPOTrainer, rounds=1)):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            captured.append(out)
+            return out
+
+    trainer = build_trainer(cfg(tmp_path, max_steps=1, mask_observations=False, traces=False), trainer_cls=Capture)
+    assert trainer.mask_observations is False
+    trainer.train()
+    # Without tool_mask TRL's loss mask is the completion mask: tool-response tokens are trained on.
+    assert captured and "tool_mask" not in captured[0]
+    ids, live = captured[0]["completion_ids"], captured[0]["completion_mask"].bool()
+    assert "finding(s) from" in trainer.processing_class.decode(ids[0][live[0]])
+
+
 def test_tool_rounds_run_concurrently_across_rollouts(tmp_path):
     results = {}
     for concurrent in (True, False):

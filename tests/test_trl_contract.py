@@ -50,3 +50,11 @@ def test_our_overrides_are_the_ones_that_run():
         assert getattr(CoordGRPOTrainer, name).__qualname__.startswith("CoordGRPOTrainer.")
     # GRPOTrainer's tool loop calls self._generate_single_turn, so the override is reached from TRL's code.
     assert "self._generate_single_turn(" in inspect.getsource(GRPOTrainer._generate)
+
+
+def test_observation_mask_ablation_hook_still_matches():
+    # mask_observations=False drops "tool_mask" from the batch; TRL must still treat it as optional.
+    gen = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert 'output["tool_mask"] = tool_mask' in gen
+    assert '"tool_mask" not in inputs' in inspect.getsource(GRPOTrainer._compute_loss)
+    assert CoordGRPOTrainer._generate_and_score_completions is not GRPOTrainer._generate_and_score_completions

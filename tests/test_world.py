@@ -12,6 +12,7 @@ from coordrl.data.world import (
     make_env_factory,
     make_world,
     scripted_turns,
+    with_world_prompt,
     world_splits,
 )
 
@@ -42,7 +43,7 @@ def test_world_is_seeded_and_heldout_chains_are_unseen():
             assert f"{chain['director']} was born in the city of {r['answers'][0]}." in r["context"]
         else:
             y1, y2 = chain["years"]
-            assert r["answers"][0] == chain["people"][0 if y1 < y2 else 1]
+            assert r["answers"][0] == chain["people"][0 if y1 < y2 else 1] and y1 // 10 != y2 // 10
 
 
 def test_dataset_folder_loads(tmp_path):
@@ -72,7 +73,7 @@ def test_scripted_demonstrations_score_and_mask(tok, good, reward):
     codec, factory = ChatCodec(tok), make_env_factory(tok)
     for row in world_splits(0, 6, seed=0)["heldout"]:
         env = StepEnv(factory(), codec, max_turns=3)
-        env.reset(**row)
+        env.reset(**with_world_prompt(row))
         for turn in scripted_turns(row, good):
             step = env.step(turn)
         assert step.terminated and step.reward == reward
@@ -86,3 +87,21 @@ def test_scripted_demonstrations_score_and_mask(tok, good, reward):
         hidden = tok.decode([i for i, m in zip(ids, mask) if not m])
         assert "<tool_response>" not in trained and "finding(s)" in hidden and "<answer>" in trained
         assert ids == env.prompt_ids + env.completion_ids
+
+
+def test_world_config_trains_with_the_world_prompt_and_records_it(tmp_path):
+    from pathlib import Path
+
+    from coordrl.data.world import WORLD_SYSTEM_PROMPT
+    from coordrl.train.config import load_config
+    from coordrl.train.run import _dataset, checkpoint_metadata
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "world_cpu.yaml", {"world_train_size": "8", "world_heldout_size": "4"})
+    assert cfg.coord.system_prompt == WORLD_SYSTEM_PROMPT
+    ds = _dataset("world", cfg.coord, tmp_path, "train")
+    # The rows coordrl train hands TRL carry exactly the prompt the warm start and evaluate_world use.
+    row = ds[0]
+    assert row["prompt"] == with_world_prompt(row)["prompt"] and row["prompt"][0]["content"] == WORLD_SYSTEM_PROMPT
+    assert checkpoint_metadata(cfg, str(tmp_path))["system_prompt"] == WORLD_SYSTEM_PROMPT
+    default = load_config(Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml", {})
+    assert "query_agents" in checkpoint_metadata(default, str(tmp_path))["system_prompt"] and default.coord.system_prompt is None

@@ -1,31 +1,150 @@
-"""The README's main job on embedded defaults: offline, CPU, minutes.
+"""The README's main job on embedded defaults: offline, CPU, about ten minutes.
 
-It builds a distractor-packed training set and a small evaluation sweep from the real HotpotQA
-sample shipped with coordrl, shows one sample chunked the way readers see it, plays one PARSER
-episode with the scripted baseline lead and lexical readers, runs a few GRPO steps of the tiny
-offline policy through TRL (`configs/tiny_cpu.yaml`), then evaluates the checkpoint on the sweep,
-exports it, and answers a question with the exported policy through the inference API.
+Part 1, learning (issue 7): start from the kept warm start (a tiny Qwen3 taught the tool protocol on
+the synthetic multi-hop world, `coordrl.data.world`), evaluate it on held-out questions, train it
+with GRPO through `coordrl train` (`configs/world_cpu.yaml`, reward printed as it rises), evaluate
+again, export the policy and answer a held-out question with it through the inference API.
+
+Part 2, real data: build a distractor-packed training set and an evaluation sweep from the real
+HotpotQA sample shipped with coordrl, show one sample chunked the way readers see it, play one
+PARSER episode with the scripted baseline lead and lexical readers, run a few GRPO steps of the
+tiny offline policy (`configs/tiny_cpu.yaml`; random weights, so its reward stays 0), evaluate the
+checkpoint on the sweep, export it, and answer a question with the exported policy.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from coordrl.data.build import BuildConfig, SweepConfig, build_dataset, build_sweep
 from coordrl.data.chunk import chunk_context
 from coordrl.data.show import load_built, show_sample
 from coordrl.data.tokens import cached_counter
 
+STEPS = 12
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-def _rule(title: str) -> None:
-    print(f"\n=== {title} " + "=" * max(0, 70 - len(title)))
+
+def _rule(step: int, title: str) -> None:
+    head = f"{step}/{STEPS} {title}"
+    print(f"\n=== {head} " + "=" * max(0, 70 - len(head)))
 
 
-def run_demo(out: Path, workers: int = 1) -> int:
+def run_demo(out: Path, workers: int = 1, world_minutes: float = 4.0, world_eval: int = 60) -> int:
+    """Run both parts; ``world_minutes`` caps the world's GRPO, ``world_eval`` held-out questions evaluated."""
     t0 = time.perf_counter()
     out = Path(out)
-    _rule("1/7 training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
+    summary: dict[str, Any] = {}
+    world_part(out / "world", summary, minutes=world_minutes, n_eval=world_eval)
+    summary["world_s"] = time.perf_counter() - t0
+    hotpot_part(out, summary, workers=workers)
+    summary["total_s"] = time.perf_counter() - t0
+    _print_summary(out, summary)
+    return 0
+
+
+# -- part 1: learning on the synthetic world --------------------------------------------------------
+
+
+def world_part(out: Path, summary: dict[str, Any], *, minutes: float, n_eval: int) -> None:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coordrl.data.world import build_world_dataset, evaluate_world
+    from coordrl.train.config import load_config
+    from coordrl.train.run import WORLD_MODEL, resolve_model, train
+
+    _rule(1, "the synthetic multi-hop world: fresh chains per question, lexical readers (coordrl.data.world)")
+    paths = build_world_dataset(out / "data", n_train=4000, n_heldout=200, seed=0)
+    heldout = [dict(r) for r in load_built(paths["heldout"])]
+    for row in (heldout[0], heldout[1]):
+        print(f"[{row['type']}] {row['question']}  ->  {row['answers'][0]}   ({len(row['chunks'])} readers, gold Documents {row['gold_documents']})")
+    print("\n".join("  | " + line for line in heldout[0]["context"].splitlines()[:9]) + "\n  | ...")
+    rows = heldout[:n_eval]
+
+    def evaluate(path: str) -> dict[str, dict]:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
+        return {"sampled": evaluate_world(model, tok, rows, sample=True, seed=0), "greedy": evaluate_world(model, tok, rows, sample=False, seed=0)}
+
+    warm = resolve_model(WORLD_MODEL)
+    _rule(2, f"the kept warm start (SFT on imperfect scripted demonstrations), {len(rows)} held-out questions")
+    before = evaluate(warm)
+    print(_em_table({"warm start": before}))
+
+    _rule(3, f"GRPO through coordrl train, configs/world_cpu.yaml, at most {minutes:g} min")
+    run_dir = out / "grpo"
+    cfg = load_config(CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_train_minutes": str(minutes), "disable_tqdm": "true"})
+    t = time.perf_counter()
+    train(cfg, trainer_cls=_reward_printing_trainer())
+    summary["world_grpo_s"] = time.perf_counter() - t
+
+    _rule(4, "the trained policy on the same held-out questions")
+    after = evaluate(str(run_dir / "final"))
+    print(_em_table({"warm start": before, "after GRPO": after}))
+    summary["world"] = {"before": before, "after": after}
+    (out / "demo_world.json").write_text(json.dumps(summary["world"], indent=2) + "\n")
+
+    _rule(5, "export the world policy and answer a held-out question through the inference API")
+    from coordrl.inference.coordinator import Coordinator
+    from coordrl.inference.export import export_policy
+
+    exported = export_policy(run_dir / "final", out / "export", overwrite=True)
+    print(f"exported to {exported}")
+    row = next(r for r in heldout[n_eval:] if r["type"] == "bridge")
+    with Coordinator.from_pretrained(exported, readers="lexical", max_turns=cfg.coord.max_turns, chunk_tokens=4096) as coordinator:
+        result = coordinator.answer(row["context"], row["question"])
+    for f in result.evidence:
+        print(f"  round {f['turn']}: asked {f['query']!r} -> {f['text']}")
+    print(f"question: {row['question']}\nanswer: {result.answer!r} (gold {row['answers'][0]!r})")
+    summary["world_answer"] = (row["question"], result.answer, row["answers"][0])
+
+
+def _reward_printing_trainer():
+    """CoordGRPOTrainer that prints one line per step (reward, tool calls) instead of TRL's log dicts."""
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+    from coordrl.train.trainer import CoordGRPOTrainer
+
+    class Line(TrainerCallback):
+        def __init__(self) -> None:
+            self.rewards: list[float] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                self.rewards.append(float(logs["reward"]))
+                last = self.rewards[-10:]
+                bar = "#" * round(20 * sum(last) / len(last))
+                print(f"  step {state.global_step:>3}  reward {logs['reward']:.2f}  (mean of last {len(last):>2}: {sum(last) / len(last):.2f} {bar:<20})"
+                      f"  tool calls {float(logs.get('tools/call_frequency', 0)):.2f}  {float(logs.get('step_time', 0)):.1f}s", flush=True)
+
+    class DemoTrainer(CoordGRPOTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.remove_callback(PrinterCallback)
+            self.remove_callback(ProgressCallback)
+            self.add_callback(Line())
+
+    return DemoTrainer
+
+
+def _em_table(results: dict[str, dict]) -> str:
+    lines = ["| policy | sampled bridge | sampled comparison | greedy bridge | greedy comparison |", "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        s, g = r["sampled"], r["greedy"]
+        lines.append(f"| {name} | {100 * s['bridge']:.0f}% | {100 * s['comparison']:.0f}% | {100 * g['bridge']:.0f}% | {100 * g['comparison']:.0f}% |")
+    return "\n".join(lines)
+
+
+# -- part 2: the same pipeline on real HotpotQA -----------------------------------------------------
+
+
+def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
+    _rule(6, "training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
     stats = build_dataset(BuildConfig(seed=0, workers=workers, jsonl=False, overwrite=True), out / "train")
     p, t = stats["paragraphs"], stats["tokens"]
     print(
@@ -33,7 +152,7 @@ def run_demo(out: Path, workers: int = 1) -> int:
         f"(min {t['min']:,}, max {t['max']:,}); gold paragraphs per tenth of the document: {stats['gold_position_deciles']}"
     )
 
-    _rule("2/7 evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
+    _rule(7, "evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
     manifest = build_sweep(
         SweepConfig(questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True),
         out / "sweep",
@@ -42,14 +161,14 @@ def run_demo(out: Path, workers: int = 1) -> int:
         s = sub["stats"]
         print(f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}")
 
-    _rule("3/7 one training sample, and how 512-token reader chunks cover it")
+    _rule(8, "one training sample, and how 512-token reader chunks cover it")
     print(show_sample(out / "train", 0, max_chars=700))
     sample = load_built(out / "train")[0]
     chunks = chunk_context(sample["context"], cached_counter(None).tokenizer, 512, sample["doc_offsets"])
     gold_chunks = [c.index for c in chunks if set(c.documents) & set(sample["gold_documents"])]
     print(f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}")
 
-    _rule("4/7 one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
+    _rule(9, "one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
     from coordrl.envs.step import StepEnv
@@ -61,44 +180,56 @@ def run_demo(out: Path, workers: int = 1) -> int:
     episode = run_episode(StepEnv(factory(), ChatCodec(tokenizer), max_turns=12), ScriptedLead(), sample)
     print(format_episode(episode, max_chars=400))
 
-    _rule("5/7 GRPO on TRL: tiny offline policy, lexical readers (configs/tiny_cpu.yaml)")
+    _rule(10, "GRPO on TRL: tiny random-weight policy, lexical readers (configs/tiny_cpu.yaml)")
     from coordrl.train.config import load_config
     from coordrl.train.run import latest_complete_checkpoint, train
 
-    config = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
-    if not config.exists():
-        print(f"skipped: {config} not found (run the demo from a coordrl checkout)")
-    else:
-        run_dir = out / "grpo"
-        cfg = load_config(config, {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
-        train(cfg)
-        rewards = [h["reward"] for h in _log_history(run_dir) if "reward" in h]
-        print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
-        print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
-        print(f"wandb offline logs: {run_dir / 'wandb'}; rollout traces: {run_dir / 'traces'}")
-        _evaluate_export_answer(out, run_dir / "final", sample)
-    print(f"\ndone in {time.perf_counter() - t0:.0f} s; everything under {out}")
-    return 0
+    run_dir = out / "grpo"
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
+    train(cfg)
+    rewards = [h["reward"] for h in _log_history(run_dir) if "reward" in h]
+    print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
+    print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
+    print(f"wandb offline logs: {run_dir / 'wandb'}; rollout traces: {run_dir / 'traces'}")
+    _evaluate_export_answer(out, run_dir / "final", sample, summary)
 
 
-def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict) -> None:
+def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict, summary: dict[str, Any]) -> None:
     from coordrl.inference.coordinator import Coordinator
     from coordrl.inference.export import export_policy
     from coordrl.rollout.evaluate import EvalConfig, evaluate
 
-    _rule("6/7 evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
+    _rule(11, "evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
     eval_dir = out / "eval"
     evaluate(EvalConfig(policy=str(checkpoint), data=str(out / "sweep"), out=str(eval_dir), limit=2, overwrite=True))
     print((eval_dir / "results.md").read_text())
     print(f"plot: {eval_dir / 'accuracy_vs_length.png'}; traces: {eval_dir / 'traces'}")
 
-    _rule("7/7 export the policy and answer a question with it (inference API)")
+    _rule(12, "export the policy and answer a question with it (inference API)")
     exported = export_policy(checkpoint, out / "export", eval_dir=eval_dir, overwrite=True)
     print(f"exported to {exported}: {sorted(p.name for p in exported.iterdir())}")
     with Coordinator.from_pretrained(exported, readers="lexical") as coordinator:
         result = coordinator.answer(sample["context"], sample["question"])
     print(f"question: {sample['question']}\nanswer: {result.answer!r} (gold {sample['answers']}); "
           f"{len(result.evidence)} findings, {result.info.get('tool_rounds', 0)} tool rounds")
+    summary["hotpot_answer"] = (sample["question"], result.answer, sample["answers"][0])
+
+
+def _print_summary(out: Path, summary: dict[str, Any]) -> None:
+    print("\n=== summary " + "=" * 62)
+    w = summary.get("world")
+    if w:
+        b, a = w["before"], w["after"]
+        print(f"world: held-out exact match, sampled {100 * b['sampled']['all']:.0f}% -> {100 * a['sampled']['all']:.0f}%, "
+              f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_grpo_s', 0) / 60:.1f} min of GRPO "
+              f"({out / 'world' / 'demo_world.json'})")
+    if "world_answer" in summary:
+        q, ans, gold = summary["world_answer"]
+        print(f"world policy, exported: {q!r} -> {ans!r} (gold {gold!r})")
+    if "hotpot_answer" in summary:
+        q, ans, gold = summary["hotpot_answer"]
+        print(f"HotpotQA pipeline ran end to end (tiny random-weight policy): {q!r} -> {ans!r} (gold {gold!r})")
+    print(f"done in {summary.get('total_s', 0) / 60:.1f} min (world part {summary.get('world_s', 0) / 60:.1f} min); everything under {out}")
 
 
 def _log_history(run_dir: Path) -> list[dict]:

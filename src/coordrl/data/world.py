@@ -7,8 +7,8 @@ from the question and from the readers' findings instead of memorising facts:
 * ``bridge``: "In which city was the director of the film F born?" -> the film's document says
   "The film F was directed by P and filmed in C2." (C2 is a decoy one hop away), P's document says
   "P was born in the city of C." -> answer C.
-* ``comparison``: "Who was born earlier, P1 or P2?" -> "P1 was born in the year 1 9 3 4." for both
-  (two parallel lookups, best asked in one ``query_agents`` call) -> the earlier-born name.
+* ``comparison``: "Who was born earlier, P1 or P2?" -> "P1 was born in the year 1934." for both, in
+  different decades (two parallel lookups, best asked in one ``query_agents`` call) -> the earlier-born name.
 
 Each question's context holds the documents it needs plus distractor documents (other films,
 people and organisations, some sharing the question's entities), shuffled, in the
@@ -161,6 +161,8 @@ def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[st
     elif qtype == "comparison":
         p1, p2 = rng.sample(world.people, 2)
         f1 = _person_facts(rng, world, p1, used_years)
+        # Different decades: the comparison then turns on one digit, which a tiny model can learn in minutes.
+        used_years.update(y for y in range(1900, 2000) if y // 10 == f1[1] // 10)
         f2 = _person_facts(rng, world, p2, used_years)
         gold = [person_doc(p1, *f1), person_doc(p2, *f2)]
         other_film = rng.choice(world.films)
@@ -245,7 +247,7 @@ def _corpus_texts(world: World) -> list[str]:
     from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
     from coordrl.rollout.tiny_qwen3 import _synthetic_tool_texts
 
-    texts = [LEAD_SYSTEM_PROMPT, "Question: ", "Unknown", "dummy", "{}}", '{"dummy": {}}']
+    texts = [LEAD_SYSTEM_PROMPT, WORLD_SYSTEM_PROMPT, "Question: ", "Unknown", "dummy", "{}}", '{"dummy": {}}']
     rng = random.Random(0)
     names = list(world.names)
     for name in names:
@@ -282,8 +284,23 @@ def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, v
 
 # -- scripted demonstrations and batched evaluation (warm start, learning check) ------------------
 
+# The world's lead-agent system prompt (configs/world_cpu.yaml sets the same text). The protocol of
+# LEAD_SYSTEM_PROMPT in a quarter of the tokens: a tiny policy's steps cost about linearly in prompt length.
+WORLD_SYSTEM_PROMPT = (
+    "You lead readers of a document you cannot see. Ask them with query_agents: focused questions that name "
+    "who or what they are about; independent questions go in one call. Use their findings to ask the next "
+    "question. Reply with the answer inside <answer></answer>."
+)
+
 # Environment settings the world runs with (configs/world_cpu.yaml uses the same values).
 WORLD_ENV = {"readers": "lexical", "lexical_threshold": 0.9, "chunk_tokens": 48, "max_turns": 3, "observation_max_tokens": 256}
+
+
+def with_world_prompt(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the ``prompt`` column `coordrl train` gives it under configs/world_cpu.yaml."""
+    from coordrl.envs.prompts import lead_prompt
+
+    return {**row, "prompt": lead_prompt(row["question"], WORLD_SYSTEM_PROMPT)}
 
 
 def tool_call_text(queries: list[str]) -> str:
@@ -322,7 +339,7 @@ def demo_ids(row: dict[str, Any], good: bool, codec, factory, max_completion_tok
     from coordrl.envs.step import StepEnv
 
     env = StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens)
-    env.reset(**row)
+    env.reset(**with_world_prompt(row))
     ids, mask = list(env.prompt_ids), [0] * len(env.prompt_ids)
     for turn in scripted_turns(row, good):
         before = len(env.completion_ids)
@@ -354,7 +371,7 @@ def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool
         batch = rows[start : start + batch_size]
         envs = [StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens) for _ in batch]
         for env, row in zip(envs, batch, strict=True):
-            env.reset(**row)
+            env.reset(**with_world_prompt(row))
         rewards = [0.0] * len(batch)
         active = list(range(len(batch)))
         for _ in range(WORLD_ENV["max_turns"] + 1):

@@ -51,6 +51,8 @@ class CoordConfig(ParserEnvConfig):
         tokenizer (inherited): chunking/observation tokenizer; None means the policy's.
         tool_concurrency: run each tool round's calls for all rollouts concurrently (TRL runs them
             one after another); off only for comparison.
+        mask_observations: keep tool-response (observation) tokens out of the loss (default True);
+            off only as an ablation (issue 7's learning check).
         lockstep: keep all ranks in step through the tool loop (needed with vLLM server mode,
             tensor-parallel colocate or ZeRO-3 generation).
         traces: write JSONL rollout traces to ``<output_dir>/traces/``.
@@ -65,6 +67,9 @@ class CoordConfig(ParserEnvConfig):
         hmars: settings of the HMARS mid-agent environment for ``protocol: hmars`` (keys of
             `coordrl.envs.hmars.HmarsEnvConfig`: c_sub, page_tokens, group_size, selector/answerer/writer
             backends, mode, reward terms, index_cache, ...); unknown keys are an error.
+        system_prompt: the policy's system prompt; None (default) is coordrl's for the protocol
+            (`coordrl.envs.prompts.LEAD_SYSTEM_PROMPT`, or the HMARS mid-agent's). Recorded in checkpoints
+            and exports, so evaluation and inference use the same text.
         allow_truncated_rollouts: let ``max_completion_length`` be smaller than ``max_turns`` full rounds
             need at the per-turn cap (the plan then warns instead of refusing); default False.
     """
@@ -76,6 +81,7 @@ class CoordConfig(ParserEnvConfig):
     eval_samples: int | None = None
     sample_num_paragraphs: int = 200
     tool_concurrency: bool = True
+    mask_observations: bool = True
     lockstep: bool = True
     traces: bool = True
     model_params: float | None = None
@@ -89,6 +95,7 @@ class CoordConfig(ParserEnvConfig):
     world_train_size: int = 4000
     world_heldout_size: int = 200
     max_train_minutes: float | None = None
+    system_prompt: str | None = None
 
 
 @dataclass

@@ -505,11 +505,11 @@ def _batch(cfg: TrainConfig, layout: Layout, errors: list[str]) -> Batch:
     )  # fmt: skip
 
 
-def prompt_tokens_estimate(protocol: str = "parser") -> int:
-    """Tokens of the rollout prompt: measured system prompt (chars / 3.5) + `PROMPT_FIXED_TOKENS`."""
+def prompt_tokens_estimate(protocol: str = "parser", system_prompt: str | None = None) -> int:
+    """Tokens of the rollout prompt: the system prompt (chars / 3.5; default coordrl's) + `PROMPT_FIXED_TOKENS`."""
     from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
 
-    return math.ceil(len(LEAD_SYSTEM_PROMPT) / PROMPT_CHARS_PER_TOKEN) + PROMPT_FIXED_TOKENS
+    return math.ceil(len(system_prompt or LEAD_SYSTEM_PROMPT) / PROMPT_CHARS_PER_TOKEN) + PROMPT_FIXED_TOKENS
 
 
 def _budget(cfg: TrainConfig, layout: Layout, shape: ModelShape, errors: list[str], warnings: list[str]) -> Budget:
@@ -530,7 +530,7 @@ def _budget(cfg: TrainConfig, layout: Layout, shape: ModelShape, errors: list[st
         )
     per_turn_key = right if right in gen_kwargs else None
     per_turn = int(gen_kwargs[right]) if per_turn_key else mcl  # TRL's own cap per turn is the whole budget
-    prompt = prompt_tokens_estimate(c.protocol)
+    prompt = prompt_tokens_estimate(c.protocol, c.system_prompt)
     obs = c.observation_max_tokens
     needed = (c.max_turns + 1) * per_turn + c.max_turns * (obs + TOOL_WRAP_TOKENS)
     round_cost = per_turn + obs + TOOL_WRAP_TOKENS

@@ -77,7 +77,21 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
         from coordrl.envs.hmars_prompts import hmars_prompt as make_prompt
     else:
         make_prompt = lead_prompt
-    return ds.map(lambda row: {"prompt": make_prompt(row["question"])}, desc=f"prompts ({split})")
+    system = system_prompt_of(coord)
+    return ds.map(lambda row: {"prompt": make_prompt(row["question"], system)}, desc=f"prompts ({split})")
+
+
+def system_prompt_of(coord: CoordConfig) -> str:
+    """The run's system prompt: the config's, else coordrl's for the protocol."""
+    if coord.system_prompt:
+        return coord.system_prompt
+    if coord.protocol == "hmars":
+        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
+
+        return MID_AGENT_SYSTEM_PROMPT
+    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
+
+    return LEAD_SYSTEM_PROMPT
 
 
 def _shipped_train_sample() -> Path:
@@ -100,18 +114,17 @@ def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
     from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 
+    system_prompt = system_prompt_of(cfg.coord)
     if cfg.coord.protocol == "hmars":
         from coordrl.envs.hmars import HmarsEnvConfig
-        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
 
         settings = dict(cfg.coord.hmars or {})
         settings.setdefault("tokenizer", cfg.coord.tokenizer or model_path)
-        system_prompt, tools, env = MID_AGENT_SYSTEM_PROMPT, ["broadcast"], asdict(HmarsEnvConfig(**settings))
+        tools, env = ["broadcast"], asdict(HmarsEnvConfig(**settings))
     else:
-        system_prompt, tools, env = LEAD_SYSTEM_PROMPT, ["query_agents"], asdict(cfg.env_config(model_path))
+        tools, env = ["query_agents"], asdict(cfg.env_config(model_path))
     return {
         "coordrl_version": __version__,
         "protocol": cfg.coord.protocol,
@@ -224,6 +237,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         environment_factory=factory,
         callbacks=_callbacks(cfg, model_path),
         tool_concurrency=cfg.coord.tool_concurrency,
+        mask_observations=cfg.coord.mask_observations,
         lockstep=cfg.coord.lockstep,
     )
     (output_dir).mkdir(parents=True, exist_ok=True)

@@ -108,16 +108,26 @@ class CoordGRPOTrainer(GRPOTrainer):
     Args:
         tool_concurrency: run each round's tool calls for all rollouts concurrently (default True).
         lockstep: keep ranks in step through the tool loop when more than one process runs (default True).
+        mask_observations: keep tool-response tokens out of the loss, as TRL does (default True). False is
+            an ablation only: the policy is then also trained on text it did not generate.
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
-    def __init__(self, *args: Any, tool_concurrency: bool = True, lockstep: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tool_concurrency: bool = True, lockstep: bool = True, mask_observations: bool = True, **kwargs: Any) -> None:
         self.tool_concurrency = tool_concurrency
         self.lockstep = lockstep
+        self.mask_observations = mask_observations
         self._in_tool_loop = False
         self._joining = False
         self.tool_loop_stats = {"batched_rounds": 0, "max_parallel_calls": 0, "generation_rounds": 0, "dummy_rounds": 0}
         super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.mask_observations:
+            # TRL multiplies the completion mask by ``tool_mask`` only when the key is present.
+            out.pop("tool_mask", None)
+        return out
 
     # -- 1. concurrent tools ------------------------------------------------------------------------
 
