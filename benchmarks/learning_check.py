@@ -6,6 +6,9 @@
    path as ``coordrl train``), at most ``--minutes`` of steps.
 3. Held-out exact match (sampled at temperature 1 and greedy) per question type before and after,
    ``gain: <points>`` (sampled, mean over seeds, with the spread), the reward curve as a PNG, wall times.
+4. ``--ablations``: the same GRPO budget (first seed only) with observation tokens left in the loss
+   (``mask_observations=false``), with tool concurrency off (``tool_concurrency=false``), and from a
+   warm start stopped after ``--early-steps`` SFT steps, before copying names is learned.
 
 Target (issue 7): after <= 5 minutes of GRPO on 2 cores, sampled >= 90% and greedy >= 95% on both
 question types, for every seed. Targets are printed next to the results, never adjusted.
@@ -40,7 +43,7 @@ def evaluate(path: str | Path, rows: list[dict], seed: int) -> dict:
     return {"sampled": evaluate_world(model, tok, rows, sample=True, seed=seed), "greedy": evaluate_world(model, tok, rows, sample=False, seed=seed)}
 
 
-def grpo(seed: int, minutes: float, out: Path, warm: Path, overrides: dict[str, str]) -> tuple[Path, list[dict], float]:
+def grpo(seed: int, minutes: float, out: Path, warm: Path, overrides: dict[str, str], steps: int | None = None) -> tuple[Path, list[dict], float]:
     from coordrl.train.config import load_config
     from coordrl.train.run import train
     from coordrl.train.trainer import CoordGRPOTrainer
@@ -52,11 +55,39 @@ def grpo(seed: int, minutes: float, out: Path, warm: Path, overrides: dict[str, 
             super().__init__(*a, **k)
             seen.append(self)
 
-    cfg = load_config(CONFIG, {"model": str(warm), "seed": str(seed), "output_dir": str(out), "max_train_minutes": str(minutes), **overrides})
+    limits = {"max_steps": str(steps), "max_train_minutes": "null"} if steps else {"max_train_minutes": str(minutes)}
+    cfg = load_config(CONFIG, {"model": str(warm), "seed": str(seed), "output_dir": str(out), **limits, **overrides})
     t0 = time.time()
     train(cfg, trainer_cls=Recording)
     history = [h for h in seen[0].state.log_history if "reward" in h]
     return out / "final", history, time.time() - t0
+
+
+def run_ablations(a: argparse.Namespace, out: Path, warm: Path, rows: list[dict], overrides: dict[str, str], steps: int) -> dict:
+    """Each ablation runs exactly ``steps`` GRPO steps (what the first seed did in its time budget),
+    so the comparison holds even when the ablations share the machine with other work."""
+    seed = a.seeds[0]
+    spec = importlib.util.spec_from_file_location("build_warm_start", ROOT / "scripts" / "build_warm_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    early = out / "warm_start_early"
+    meta = mod.build(early, seed=0, steps=a.early_steps, threads=a.threads)
+    print(f"early warm start ({a.early_steps} SFT steps): name copying {meta['heldout_copy']}")
+    runs = {
+        "observation tokens in the loss": (warm, {"mask_observations": "false"}),
+        "tool concurrency off": (warm, {"tool_concurrency": "false"}),
+        f"warm start before copying ({a.early_steps} SFT steps)": (early, {}),
+    }
+    found = {}
+    for name, (start, extra) in runs.items():
+        before = evaluate(start, rows, seed)
+        final, hist, train_s = grpo(seed, a.minutes, out / ("ablation-" + "-".join(name.split()[:3])), start, {**overrides, **extra}, steps=steps)
+        after = evaluate(final, rows, seed)
+        found[name] = {"before": before, "after": after, "grpo_s": train_s, "steps": hist[-1]["step"] if hist else 0, "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist]}
+        print(f"ablation: {name}: {found[name]['steps']} GRPO optimizer steps in {train_s:.0f}s")
+        print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
+        print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
+    return found
 
 
 def fmt(ev: dict) -> str:
@@ -95,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/learning_check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1 is much faster when another job shares the cores)")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false")
+    p.add_argument("--ablations", action="store_true", help="also run the three ablations (first seed)")
+    p.add_argument("--early-steps", type=int, default=60, help="SFT steps of the ablation's early warm start (default 60)")
+    p.add_argument("--ablation-steps", type=int, default=None, help="GRPO steps per ablation (default: what the first seed ran)")
+    p.add_argument("--ablations-only", action="store_true", help="skip the seeds; run the ablations from --warm-start or the kept warm start")
     a = p.parse_args(argv)
     if a.threads:
         import torch
@@ -119,31 +154,40 @@ def main(argv: list[str] | None = None) -> int:
     rows = world_splits(0, a.eval_n, seed=0)["heldout"]
     results: dict = {"seeds": {}, "target": {"sampled": TARGET_SAMPLED, "greedy": TARGET_GREEDY}}
     curves: dict[int, list[dict]] = {}
-    for seed in a.seeds:
+    for seed in [] if a.ablations_only else a.seeds:
         t = time.time()
         before = evaluate(warm, rows, seed)
         final, hist, train_s = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides)
         after = evaluate(final, rows, seed)
         curves[seed] = hist
-        results["seeds"][seed] = {"before": before, "after": after, "grpo_s": train_s, "steps": len(hist), "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist], "seed_s": time.time() - t}
-        print(f"seed {seed}: {len(hist)} GRPO steps in {train_s:.0f}s")
+        steps = hist[-1]["step"] if hist else 0
+        results["seeds"][seed] = {"before": before, "after": after, "grpo_s": train_s, "steps": steps, "generation_batches": len(hist), "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist], "seed_s": time.time() - t}
+        print(f"seed {seed}: {steps} GRPO optimizer steps ({len(hist)} generation batches) in {train_s:.0f}s")
         print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
         print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
     gains = [100 * (r["after"]["sampled"]["all"] - r["before"]["sampled"]["all"]) for r in results["seeds"].values()]
-    spread = (max(gains) - min(gains)) / 2 if len(gains) > 1 else 0.0
-    sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
-    results["gain_points"] = {"mean": statistics.mean(gains), "per_seed": gains, "half_range": spread, "stdev": sd}
-    met = all(
-        r["after"]["sampled"][t] >= TARGET_SAMPLED and r["after"]["greedy"][t] >= TARGET_GREEDY for r in results["seeds"].values() for t in ("bridge", "comparison")
-    )
-    results["target_met"] = met
+    if gains:
+        spread = (max(gains) - min(gains)) / 2
+        sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        results["gain_points"] = {"mean": statistics.mean(gains), "per_seed": gains, "half_range": spread, "stdev": sd}
+        results["target_met"] = all(
+            r["after"]["sampled"][t] >= TARGET_SAMPLED and r["after"]["greedy"][t] >= TARGET_GREEDY for r in results["seeds"].values() for t in ("bridge", "comparison")
+        )
+    if a.ablations or a.ablations_only:
+        steps = a.ablation_steps or (results["seeds"][a.seeds[0]]["steps"] if results["seeds"] else None)
+        if not steps:
+            p.error("--ablations-only needs --ablation-steps")
+        results["ablations"] = run_ablations(a, out, warm, rows, overrides, steps)
     walls["total_s"] = time.time() - t0
     results["wall"] = walls
-    print(f"gain: {statistics.mean(gains):+.1f} points (sampled held-out EM, mean over {len(gains)} seeds; per seed {', '.join(f'{g:+.1f}' for g in gains)}; +/- {spread:.1f} half-range, stdev {sd:.1f})")
-    print(f"target (sampled >= {100 * TARGET_SAMPLED:.0f}%, greedy >= {100 * TARGET_GREEDY:.0f}% on both types, every seed): {'MET' if met else 'NOT MET'}")
+    if gains:
+        g = results["gain_points"]
+        print(f"gain: {g['mean']:+.1f} points (sampled held-out EM, mean over {len(gains)} seeds; per seed {', '.join(f'{x:+.1f}' for x in gains)}; +/- {g['half_range']:.1f} half-range, stdev {g['stdev']:.1f})")
+        print(f"target (sampled >= {100 * TARGET_SAMPLED:.0f}%, greedy >= {100 * TARGET_GREEDY:.0f}% on both types, every seed): {'MET' if results['target_met'] else 'NOT MET'}")
     print("wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in walls.items()))
     (out / "learning_check.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(curves, out / "reward_curve.png")
+    if curves:
+        plot(curves, out / "reward_curve.png")
     return 0
 
 

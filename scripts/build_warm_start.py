@@ -2,14 +2,22 @@
 
 Documented loop (not SFTTrainer, so the rendering is provably TRL's): every demonstration is a
 scripted episode driven through `coordrl.envs.step.StepEnv`, i.e. prompt ids rendered with TRL's
-prefix-preserving training template, assistant turns as ids (loss on), tool-response suffixes built by
-TRL's ``_get_tool_suffix_ids`` (loss off). Demonstrations are deliberately imperfect: a fraction
-``--p-good`` solve the question, the rest stop after the first hop and answer a decoy (bridge: the
-filming city; comparison: a birth year). Induction-style copy drills (random names, then the same
-names again, loss on the repeat) are mixed into every step, because plain SFT from scratch does not
-learn to copy names in minutes (REFERENCE.md section 6).
+prefix-preserving training template and the world's system prompt, assistant turns as ids (loss on),
+tool-response suffixes built by TRL's ``_get_tool_suffix_ids`` (loss off). Demonstrations are
+deliberately imperfect: a fraction ``--p-good`` (default 0.3) solve the question, the rest stop after
+the first hop and answer a decoy (bridge: the filming city; comparison: a birth decade), so the warm
+start can do every step of the task but usually takes the wrong branch.
 
-    python scripts/build_warm_start.py --out src/coordrl/resources/warm_start --minutes 8
+Skills that plain SFT does not pick up in minutes get drills, mixed into every step (``--drills``):
+* copying: random names then the same names again, and key-value recall ("k1 v1 k2 v2 . k2 v2",
+  keys being the world's own words, so "the film F ... the film ?" is covered) (REFERENCE.md section 6);
+* comparing (``--compare-frac``): two birth-decade facts, the comparison question, the earlier-born name.
+Entity names in demonstrations weigh ``--name-weight`` in the loss (default 4): they are a few tokens
+among dozens of fixed JSON ones. Measured effect (2 cores): without recall drills the first query
+never copied the film name (0% of held-out bridge questions); without comparison drills the
+comparison answer stayed at chance.
+
+    python scripts/build_warm_start.py --out src/coordrl/resources/warm_start
 
 Seeded: the same seed, minutes budget and machine give the same data order; wall-clock stopping
 makes the step count (hence weights) depend on machine speed, so ``--steps`` fixes it exactly.
@@ -19,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -31,6 +38,12 @@ import torch
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+# Share of solving demonstrations per question type: low enough that the warm start usually takes the
+# wrong branch (near 0% greedy, 25-45% sampled held-out exact match), high enough that it has seen
+# every step of the task.
+DEFAULT_P_GOOD = {"bridge": 0.35, "comparison": 0.35}
 
 
 def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[int]) -> dict[str, float]:
@@ -54,13 +67,22 @@ def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[in
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
 
 
-def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = None, p_good: float = 0.4, n_train: int = 3000, n_eval: int = 100,
-          lr: float = 1.5e-3, batch: int = 16, drills: int = 64, drill_weight: float = 1.0, threads: int | None = None,
-          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 1.0, recall_frac: float = 0.0,
-          drills_in_context: bool = False, drill_steps: int = 0, drill_batch_size: int = 128) -> dict:
+def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = 400, p_good: float | dict[str, float] | None = None, n_train: int = 3000, n_eval: int = 100,
+          lr: float = 1.5e-3, batch: int = 16, drills: int = 96, drill_weight: float = 1.0, threads: int | None = None,
+          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6,
+          drills_in_context: bool = False, drill_steps: int = 0, drill_batch_size: int = 128, compare_frac: float = 0.5) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from coordrl.data.world import build_world_tokenizer, demo_ids, evaluate_world, make_env_factory, make_world, world_splits
+    from coordrl.data.world import (
+        DECADES,
+        build_world_tokenizer,
+        decade_sentence,
+        demo_ids,
+        evaluate_world,
+        make_env_factory,
+        make_world,
+        world_splits,
+    )
     from coordrl.envs.chat import ChatCodec
     from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3, save_tokenizer
 
@@ -80,21 +102,45 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
     splits = world_splits(n_train, n_eval, seed=0)
     rng = random.Random(seed)
     demos = []
+    p_good = DEFAULT_P_GOOD if p_good is None else p_good
+    rates = [(p_good.get(row["type"], 0.0) if isinstance(p_good, dict) else p_good) for row in splits["train"]]
+    # Both trajectories of every question; each draw picks one at random, so no question's branch can be
+    # memorised and the branch probability the model learns is the demonstration rate itself.
     for row in splits["train"]:
-        demos.append(demo_ids(row, rng.random() < p_good, codec, factory, max_completion_tokens=1024))
-    log(f"{len(demos)} demonstrations built ({time.time() - t0:.0f}s); vocab {len(tok)}; mean length {sum(len(d[0]) for d in demos) / len(demos):.0f}")
+        demos.append((demo_ids(row, True, codec, factory, max_completion_tokens=1024), demo_ids(row, False, codec, factory, max_completion_tokens=1024)))
+    flat = [d for pair in demos for d in pair]
+    log(f"{len(flat)} demonstrations built ({time.time() - t0:.0f}s); vocab {len(tok)}; mean length {sum(len(d[0]) for d in flat) / len(flat):.0f}")
     names = [tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names]
     dot = tok(" .", add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id
     name_set = set(names)
 
     # Keys for recall drills: the world's own words, so "the film F ... the film ?" is a drill the model has seen.
-    key_words = sorted({t for text in (demos[0][0], demos[1][0]) for t in text} - name_set - set(tok.all_special_ids))
+    key_words = sorted({t for text in (flat[0][0], flat[2][0]) for t in text} - name_set - set(tok.all_special_ids))
+
+    world = make_world(0)
+
+    def compare_drill() -> tuple[list[int], list[int]]:
+        # The comparison question's decision in isolation: two birth-decade facts, the question, the
+        # earlier-born name (loss on that name only).
+        p1, p2 = rng.sample(world.people, 2)
+        y1, y2 = rng.sample(DECADES, 2)
+        facts = [decade_sentence(p1, y1), decade_sentence(p2, y2)]
+        rng.shuffle(facts)
+        text = f"{facts[0]} {facts[1]} Who was born earlier, {p1} or {p2}?"
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        answer = tok(f" {p1 if y1 < y2 else p2}", add_special_tokens=False)["input_ids"]
+        return ids + answer, [0] * len(ids) + [1] * len(answer)
 
     def drill_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         seqs, masks = [], []
         for _ in range(n):
             k = rng.randint(3, max_drill)
+            if rng.random() < compare_frac:
+                seq, mask = compare_drill()
+                seqs.append(seq)
+                masks.append(mask)
+                continue
             if rng.random() < recall_frac:
                 # Associative recall: "k1 v1 k2 v2 ... . kj vj ..." (keys distinct, asked in shuffled order).
                 keys = rng.sample(key_words, k)
@@ -116,9 +162,9 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
 
     # Every demonstration starts with the same system prompt + tool schema (~470 tokens, no loss on it):
     # it runs once per step at batch size 1 and its key/value cache (with gradients) is shared by the batch.
-    first = demos[0][0]
-    prefix_len = min(next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))) for ids, _ in demos)
-    prefix_len = min(prefix_len, min(len(ids) for ids, _ in demos) - 1)
+    first = flat[0][0]
+    prefix_len = min(next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))) for ids, _ in flat)
+    prefix_len = min(prefix_len, min(len(ids) for ids, _ in flat) - 1)
     prefix = torch.tensor([first[:prefix_len]])
     log(f"shared prompt prefix: {prefix_len} tokens")
 
@@ -127,7 +173,10 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         return [float(m) * (name_weight if t in name_set else 1.0) for t, m in zip(ids, mask, strict=True)]
 
     def demo_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        picked = [demos[rng.randrange(len(demos))] for _ in range(n)]
+        picked = []
+        for _ in range(n):
+            i = rng.randrange(len(demos))
+            picked.append(demos[i][0] if rng.random() < rates[i] else demos[i][1])
         w = max(len(ids) for ids, _ in picked)
         return (torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]),
                 torch.tensor([weighted(ids, m)[prefix_len:] + [0.0] * (w - len(m)) for ids, m in picked]))
@@ -161,7 +210,9 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
     while True:
         if steps is not None and step >= steps:
             break
-        if steps is None and time.time() > deadline - 60:  # keep a minute for the final evaluation
+        if time.time() > deadline - 60:  # keep a minute for the final evaluation
+            if steps is not None:
+                log(f"WARNING: the {minutes:g}-minute cap stopped SFT at step {step} of {steps}")
             break
         scale = min(1.0, (step + 1) / warmup)
         for g in opt.param_groups:
@@ -206,7 +257,7 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
         "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
         "name_weight": name_weight, "recall_frac": recall_frac, "drills_in_context": drills_in_context, "warmup": warmup,
-        "drill_steps": drill_steps, "drill_batch_size": drill_batch_size,
+        "drill_steps": drill_steps, "drill_batch_size": drill_batch_size, "compare_frac": compare_frac,
         "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
         "heldout_copy": copy, "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
     }
@@ -221,28 +272,31 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="src/coordrl/resources/warm_start")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--minutes", type=float, default=9.5, help="wall-clock budget including the final evaluation")
-    p.add_argument("--steps", type=int, default=None, help="fixed number of SFT steps (overrides --minutes)")
-    p.add_argument("--p-good", type=float, default=0.4, help="fraction of demonstrations that solve the question")
+    p.add_argument("--minutes", type=float, default=9.5, help="wall-clock cap including the final evaluation (stops early, with a warning)")
+    p.add_argument("--steps", type=int, default=400, help="SFT steps (default 400); 0: as many as --minutes allows")
+    p.add_argument("--p-good-bridge", type=float, default=DEFAULT_P_GOOD["bridge"], help="fraction of bridge demonstrations that solve the question")
+    p.add_argument("--p-good-comparison", type=float, default=DEFAULT_P_GOOD["comparison"], help="the same for comparison questions")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--batch", type=int, default=16, help="demonstrations per step")
     p.add_argument("--no-drills", action="store_true", help="ablation: no copy drills")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--init", default=None, help="continue SFT from this warm-start folder")
-    p.add_argument("--drills", type=int, default=64, help="copy drills per step")
+    p.add_argument("--drills", type=int, default=96, help="drills per step")
     p.add_argument("--drill-weight", type=float, default=1.0)
     p.add_argument("--max-drill", type=int, default=10, help="longest copy drill (names)")
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--name-weight", type=float, default=1.0, help="loss weight of entity-name tokens in demonstrations")
-    p.add_argument("--recall-frac", type=float, default=0.0, help="fraction of drills that are key-value recall instead of plain repeats")
+    p.add_argument("--name-weight", type=float, default=4.0, help="loss weight of entity-name tokens in demonstrations")
+    p.add_argument("--recall-frac", type=float, default=0.6, help="fraction of the copy drills that are key-value recall instead of plain repeats")
     p.add_argument("--drills-in-context", action="store_true", help="run drills after the shared system prompt instead of at position 0")
     p.add_argument("--drill-steps", type=int, default=0, help="first steps with copy drills only (curriculum)")
     p.add_argument("--drill-batch", type=int, default=128, help="drills per drill-only step")
+    p.add_argument("--compare-frac", type=float, default=0.5, help="fraction of drills that are birth-decade comparisons")
     a = p.parse_args(argv)
-    build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps, p_good=a.p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
+    p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
+    build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps or None, p_good=p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
           drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup,
           name_weight=a.name_weight, recall_frac=a.recall_frac, drills_in_context=a.drills_in_context,
-          drill_steps=a.drill_steps, drill_batch_size=a.drill_batch)
+          drill_steps=a.drill_steps, drill_batch_size=a.drill_batch, compare_frac=a.compare_frac)
     return 0
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from coordrl.data.world import (
+    DECADES,
     QUESTION_TYPES,
     build_world_dataset,
     build_world_tokenizer,
@@ -42,8 +43,9 @@ def test_world_is_seeded_and_heldout_chains_are_unseen():
             assert f"The film {chain['film']} was directed by {chain['director']} and filmed in {chain['decoy']}." in r["context"]
             assert f"{chain['director']} was born in the city of {r['answers'][0]}." in r["context"]
         else:
-            y1, y2 = chain["years"]
-            assert r["answers"][0] == chain["people"][0 if y1 < y2 else 1] and y1 // 10 != y2 // 10
+            d1, d2 = chain["decades"]
+            assert r["answers"][0] == chain["people"][0 if d1 < d2 else 1] and d1 != d2
+            assert f"In the decade of the {d1}s {chain['people'][0]} was born." in r["context"]
 
 
 def test_dataset_folder_loads(tmp_path):
@@ -60,7 +62,9 @@ def test_tokenizer_names_single_token_roundtrip_and_trl_template(tok):
     assert tok.chat_template == qwen3_chat_template
     for n in make_world(0).names:
         assert len(tok(f" {n}", add_special_tokens=False)["input_ids"]) == 1
-    for text in ['<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["In which year was Bofa born?"]}}\n</tool_call>', "dummy", "{}}", "<answer> 1934</answer>"]:
+    for d in DECADES:  # one token per decade: comparing birth decades is comparing two tokens
+        assert len(tok(f" {d}s", add_special_tokens=False)["input_ids"]) == 1
+    for text in ['<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["In which decade was Bofa born?"]}}\n</tool_call>', "dummy", "{}}", "<answer> 1930s</answer>"]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == text
 
@@ -105,3 +109,22 @@ def test_world_config_trains_with_the_world_prompt_and_records_it(tmp_path):
     assert checkpoint_metadata(cfg, str(tmp_path))["system_prompt"] == WORLD_SYSTEM_PROMPT
     default = load_config(Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml", {})
     assert "query_agents" in checkpoint_metadata(default, str(tmp_path))["system_prompt"] and default.coord.system_prompt is None
+
+
+def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from coordrl.data.world import WORLD_SYSTEM_PROMPT, with_world_prompt
+    from coordrl.train.run import WORLD_MODEL, resolve_model
+
+    kept = resolve_model(WORLD_MODEL)
+    kept_tok = AutoTokenizer.from_pretrained(kept)
+    row = world_splits(0, 2, seed=0)["heldout"][1]
+    text = row["context"] + row["question"] + "".join(scripted_turns(row, True))
+    assert kept_tok(text)["input_ids"] == tok(text)["input_ids"] and kept_tok.chat_template == tok.chat_template
+    assert with_world_prompt(row)["prompt"][0]["content"] == WORLD_SYSTEM_PROMPT
+    meta = json.loads((Path(kept) / "coordrl_warm_start.json").read_text())
+    # The kept checkpoint is what scripts/build_warm_start.py builds with its defaults.
+    assert meta["steps"] == 400 and meta["p_good"] == {"bridge": 0.35, "comparison": 0.35}

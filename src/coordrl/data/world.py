@@ -7,8 +7,11 @@ from the question and from the readers' findings instead of memorising facts:
 * ``bridge``: "In which city was the director of the film F born?" -> the film's document says
   "The film F was directed by P and filmed in C2." (C2 is a decoy one hop away), P's document says
   "P was born in the city of C." -> answer C.
-* ``comparison``: "Who was born earlier, P1 or P2?" -> "P1 was born in the year 1934." for both, in
-  different decades (two parallel lookups, best asked in one ``query_agents`` call) -> the earlier-born name.
+* ``comparison``: "Who was born earlier, P1 or P2?" -> "In the decade of the 1930s P1 was born." for
+  both (two parallel lookups, best asked in one ``query_agents`` call) -> the earlier-born name. Birth
+  decades, one token each, rather than four-digit years: a tiny model does not learn to compare digit
+  strings in minutes (measured: chance after 350 SFT steps and 71 GRPO steps), while ordering ten tokens
+  is within its reach.
 
 Each question's context holds the documents it needs plus distractor documents (other films,
 people and organisations, some sharing the question's entities), shuffled, in the
@@ -44,6 +47,7 @@ N_FILMS = 120
 N_CITIES = 48
 N_ORGS = 24
 QUESTION_TYPES = ("bridge", "comparison")
+DECADES = tuple(range(1900, 2000, 10))
 DOCS_PER_CHUNK = 2
 
 
@@ -77,8 +81,14 @@ def make_world(seed: int = 0) -> World:
     return World(tuple(names[:a]), tuple(names[a:b]), tuple(names[b:c]), tuple(names[c:]))
 
 
-def year_text(year: int) -> str:
-    return str(year)
+def decade_text(decade: int) -> str:
+    return f"{decade}s"
+
+
+def decade_sentence(person: str, decade: int) -> str:
+    # The decade token sits right before the name it belongs to: "which name goes with the earliest
+    # decade" is then one attention step from the decade, not a search back through the sentence.
+    return f"In the decade of the {decade_text(decade)} {person} was born."
 
 
 # -- sentences (the lexical reader answers "<title>: <sentence>") -----------------------------------
@@ -88,8 +98,8 @@ def film_doc(film: str, director: str, city: str) -> Paragraph:
     return Paragraph(film, f"The film {film} was directed by {director} and filmed in {city}.")
 
 
-def person_doc(person: str, city: str, year: int, org: str) -> Paragraph:
-    return Paragraph(person, f"{person} was born in the city of {city}. {person} was born in the year {year_text(year)}. {person} worked for {org}.")
+def person_doc(person: str, city: str, decade: int, org: str) -> Paragraph:
+    return Paragraph(person, f"{person} was born in the city of {city}. {decade_sentence(person, decade)} {person} worked for {org}.")
 
 
 def org_doc(org: str, city: str) -> Paragraph:
@@ -113,27 +123,26 @@ def q_city(person: str) -> str:
     return f"In which city was {person} born?"
 
 
-def q_year(person: str) -> str:
-    return f"In which year was {person} born?"
+def q_decade(person: str) -> str:
+    return f"In which decade was {person} born?"
 
 
 # -- questions ------------------------------------------------------------------------------------
 
 
-def _person_facts(rng: random.Random, world: World, person: str, used_years: set[int]) -> tuple[str, int, str]:
-    year = rng.randint(1900, 1999)
-    while year in used_years:
-        year = rng.randint(1900, 1999)
-    used_years.add(year)
-    return rng.choice(world.cities), year, rng.choice(world.orgs)
+def _person_facts(rng: random.Random, world: World, person: str, used_decades: set[int]) -> tuple[str, int, str]:
+    # Birth decades are distinct among the people of one question (so a comparison always has an answer).
+    decade = rng.choice([d for d in DECADES if d not in used_decades])
+    used_decades.add(decade)
+    return rng.choice(world.cities), decade, rng.choice(world.orgs)
 
 
-def _distractors(rng: random.Random, world: World, avoid: set[str], used_years: set[int], n_people: int, n_films: int, n_orgs: int) -> list[Paragraph]:
+def _distractors(rng: random.Random, world: World, avoid: set[str], used_decades: set[int], n_people: int, n_films: int, n_orgs: int) -> list[Paragraph]:
     docs: list[Paragraph] = []
     people = [p for p in world.people if p not in avoid]
     films = [f for f in world.films if f not in avoid]
     for p in rng.sample(people, n_people):
-        docs.append(person_doc(p, *_person_facts(rng, world, p, used_years)))
+        docs.append(person_doc(p, *_person_facts(rng, world, p, used_decades)))
         avoid.add(p)
     for f in rng.sample(films, n_films):
         docs.append(film_doc(f, rng.choice([p for p in world.people if p not in avoid]), rng.choice(world.cities)))
@@ -144,34 +153,32 @@ def _distractors(rng: random.Random, world: World, avoid: set[str], used_years: 
 
 def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[str, Any], tuple]:
     """One question with its own chain and document; returns ``(row_without_id, chain_key)``."""
-    used_years: set[int] = set()
+    used_decades: set[int] = set()
     if qtype == "bridge":
         film = rng.choice(world.films)
         director = rng.choice(world.people)
-        city, year, org = _person_facts(rng, world, director, used_years)
+        city, decade, org = _person_facts(rng, world, director, used_decades)
         decoy = rng.choice([c for c in world.cities if c != city])
-        gold = [film_doc(film, director, decoy), person_doc(director, city, year, org)]
+        gold = [film_doc(film, director, decoy), person_doc(director, city, decade, org)]
         # Distractors one hop away: another film by the same director (other city), a person born in the decoy city.
         other_film = rng.choice([f for f in world.films if f != film])
         near = [film_doc(other_film, director, rng.choice([c for c in world.cities if c != city]))]
         avoid = {film, director, other_film}
-        distract = _distractors(rng, world, avoid, used_years, 2, 1, 1)
+        distract = _distractors(rng, world, avoid, used_decades, 2, 1, 1)
         question, answers, key = bridge_question(film), [city], ("bridge", film, director, city)
         extra = {"film": film, "director": director, "decoy": decoy}
     elif qtype == "comparison":
         p1, p2 = rng.sample(world.people, 2)
-        f1 = _person_facts(rng, world, p1, used_years)
-        # Different decades: the comparison then turns on one digit, which a tiny model can learn in minutes.
-        used_years.update(y for y in range(1900, 2000) if y // 10 == f1[1] // 10)
-        f2 = _person_facts(rng, world, p2, used_years)
+        f1 = _person_facts(rng, world, p1, used_decades)
+        f2 = _person_facts(rng, world, p2, used_decades)
         gold = [person_doc(p1, *f1), person_doc(p2, *f2)]
         other_film = rng.choice(world.films)
         near = [film_doc(other_film, p1, f2[0])]
         avoid = {p1, p2, other_film}
-        distract = _distractors(rng, world, avoid, used_years, 2, 1, 1)
+        distract = _distractors(rng, world, avoid, used_decades, 2, 1, 1)
         earlier = p1 if f1[1] < f2[1] else p2
         question, answers, key = comparison_question(p1, p2), [earlier], ("comparison", *sorted((p1, p2)))
-        extra = {"people": [p1, p2], "years": [f1[1], f2[1]], "decoy": p2 if earlier == p1 else p1}
+        extra = {"people": [p1, p2], "decades": [f1[1], f2[1]], "decoy": p2 if earlier == p1 else p1}
     else:
         raise ValueError(f"unknown question type {qtype!r}; use one of {QUESTION_TYPES}")
     docs = gold + near + distract
@@ -238,8 +245,9 @@ def build_world_dataset(out: str | Path, n_train: int = 4000, n_heldout: int = 2
 
 # -- tokenizer ------------------------------------------------------------------------------------
 
-# GPT-2-style split: every word keeps its own leading space (and nothing else), digits one by one.
-WORLD_SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# GPT-2-style split: every word keeps its own leading space (and nothing else); a number (with a
+# plural s, as in 1930s) stays whole.
+WORLD_SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+s?| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
 def _corpus_texts(world: World) -> list[str]:
@@ -261,7 +269,7 @@ def _corpus_texts(world: World) -> list[str]:
     qs = [bridge_question(f) for f in world.films[:20]] + [comparison_question(a, b) for a, b in zip(world.people[:20], world.people[20:40], strict=True)]
     texts.extend(_synthetic_tool_texts(qs, list(world.people[:40])))
     for p in world.people[:40]:
-        texts.append(json.dumps({"name": "query_agents", "arguments": {"queries": [q_city(p), q_year(p)]}}))
+        texts.append(json.dumps({"name": "query_agents", "arguments": {"queries": [q_city(p), q_decade(p)]}}))
         texts.append(f"<answer> {p}</answer>")
     return texts
 
@@ -314,7 +322,7 @@ def answer_text(answer: str) -> str:
 
 def scripted_turns(row: dict[str, Any], good: bool) -> list[str]:
     """Assistant turns of a demonstration: ``good`` solves the question; otherwise it stops after the
-    first hop and answers a decoy (bridge: the filming city; comparison: a birth year)."""
+    first hop and answers a decoy (bridge: the filming city; comparison: a birth decade)."""
     chain = json.loads(row["chain"])
     if row["type"] == "bridge":
         first = tool_call_text([q_director(chain["film"])])
@@ -323,8 +331,8 @@ def scripted_turns(row: dict[str, Any], good: bool) -> list[str]:
         return [first, answer_text(chain["decoy"])]
     p1, p2 = chain["people"]
     if good:
-        return [tool_call_text([q_year(p1), q_year(p2)]), answer_text(row["answers"][0])]
-    return [tool_call_text([q_year(p1)]), answer_text(year_text(chain["years"][0]))]
+        return [tool_call_text([q_decade(p1), q_decade(p2)]), answer_text(row["answers"][0])]
+    return [tool_call_text([q_decade(p1)]), answer_text(decade_text(chain["decades"][0]))]
 
 
 def make_env_factory(tokenizer, **overrides: Any):
