@@ -1,16 +1,18 @@
 """The reduced learning check (issue 7): GRPO through `coordrl train` must make the kept warm start better.
 
-From the kept warm start (`coordrl:world-warm-start`), ``STEPS`` GRPO steps of ``configs/world_cpu.yaml``
+From the kept warm start (`coordrl:world-warm-start`), ``STEPS`` GRPO optimizer steps of ``configs/world_cpu.yaml``
 (the code path of every real run: TRL GRPOTrainer, the PARSER environment, lexical readers,
 concurrent tools, masked observations), then held-out exact match, sampled at temperature 1, on
 ``N_EVAL`` questions whose chains never occur in training.
 
-Threshold: ``MIN_GAIN`` points of sampled held-out exact match. Measured with this exact setup on
-the 2-core machine (``benchmarks/learning_check.py --reuse-warm-start --minutes 0 --steps 30``
-style runs, seeds 0/1/2; see README "Learning check"): gains of GAINS_MEASURED points. The
-threshold sits far below the smallest of them yet far above the evaluation noise of the untrained
-policy (two evaluations of the same warm start with different sampling seeds differ by a few points
-on N_EVAL questions), so a broken mask, reward or tool loop fails it while seed luck does not.
+Threshold: ``MIN_GAIN`` = 30 points of sampled held-out exact match. Measured with exactly this
+setup on the 2-core machine: +66.7 points for training seeds 0, 1 and 2 alike (21.7% -> 88.3%; the
+seeds change the weights slightly, not the 60 sampled episodes), and in the full benchmark (5
+minutes, evaluation sampled with each seed's own seed) +65 to +72 points, stdev 4. Noise without
+learning: the same warm start evaluated with different sampling seeds moves by up to 10 points. So
+30 is about 9 standard deviations below the measured gain and 3 times the noise: a broken loss mask,
+reward, tool loop or config fails it; seed luck does not. 40 optimizer steps (20 generation
+batches) take about 2.5 minutes on 2 cores, evaluation included.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from coordrl.train.run import WORLD_MODEL, resolve_model, train
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml"
 STEPS = 40
 N_EVAL = 60
-MIN_GAIN = 20.0
+MIN_GAIN = 30.0
 
 
 def _sampled_em(path: str, rows: list[dict]) -> dict:
