@@ -150,3 +150,77 @@ class socket_closed_port:
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+def test_post_bytes_frames_like_httpx_and_reuses_the_pool():
+    """The direct path: same request bytes as a request through httpx.AsyncClient, same pool."""
+
+    async def go():
+        async with RawServer([ok(), ok(b'{"a": 2}'), ok(b"zz", b"Content-Type: text/plain\r\n")]) as srv:
+            transport = LeanAsyncTransport()
+            async with httpx.AsyncClient(transport=transport) as client:
+                await _post(client, srv.url, {"n": 1})
+                headers = {"Authorization": "Bearer k", "Content-Type": "application/json"}  # as _post sends
+                request = client.build_request("POST", srv.url + "/v1/x?q=1", headers=headers)
+                head = transport.request_head(request)
+                address = (request.url.host, request.url.port)
+                assert await transport.post_bytes(address, head, b'{"n":1}') == (
+                    200,
+                    {b"content-length": b"8"},
+                    b'{"a": 2}',
+                )
+                status, headers, body = await transport.post_bytes(address, head, b"")
+                assert (status, headers[b"content-type"], body) == (200, b"text/plain", b"zz")
+            assert srv.connections == 1
+            assert srv.requests[0] == srv.requests[1]
+            assert srv.requests[2].endswith(b"\r\nContent-Length: 0\r\n\r\n")
+
+    asyncio.run(go())
+
+
+def test_post_bytes_errors_map_to_httpx_exceptions():
+    async def go():
+        transport = LeanAsyncTransport()
+        head = b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        async with RawServer([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"], close_after_reply=True) as srv:
+            address = ("127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
+            with pytest.raises(httpx.RemoteProtocolError):
+                await transport.post_bytes(address, head, b"{}")
+        async with RawServer([b"garbage\r\n\r\n"]) as srv:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await transport.post_bytes(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])), head, b"{}")
+        with socket_closed_port() as port, pytest.raises(httpx.ConnectError):
+            await transport.post_bytes(("127.0.0.1", port), head, b"{}")
+        assert not any(transport._idle.values())
+        await transport.aclose()
+
+    asyncio.run(go())
+
+
+def test_post_bytes_deadline_aborts_a_hung_exchange():
+    async def go():
+        never = asyncio.Event()
+
+        async def hang(reader, writer):
+            await never.wait()
+
+        server = await asyncio.start_server(hang, "127.0.0.1", 0)
+        address = ("127.0.0.1", server.sockets[0].getsockname()[1])
+        transport = LeanAsyncTransport()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(httpx.ReadTimeout):
+            await transport.post_bytes(address, b"POST / HTTP/1.1\r\nHost: x\r\n", b"{}", timeout_s=0.2)
+        assert 0.2 <= loop.time() - start < 1.0
+        assert not any(transport._idle.values())
+        never.set()
+        server.close()
+        async with RawServer([ok()]) as srv:  # in time: the timer is cancelled, the connection pooled
+            address = ("127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
+            status, _, _ = await transport.post_bytes(address, b"POST / HTTP/1.1\r\nHost: x\r\n", b"{}", timeout_s=5)
+            assert status == 200 and len(transport._idle[address]) == 1
+            await asyncio.sleep(0.01)
+            assert transport._idle[address][0].usable()
+        await transport.aclose()
+
+    asyncio.run(go())
