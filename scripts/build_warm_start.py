@@ -69,8 +69,7 @@ def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[in
 
 def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = 400, p_good: float | dict[str, float] | None = None, n_train: int = 3000, n_eval: int = 100,
           lr: float = 1.5e-3, batch: int = 16, drills: int = 96, drill_weight: float = 1.0, threads: int | None = None,
-          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6,
-          drills_in_context: bool = False, drill_steps: int = 0, drill_batch_size: int = 128, compare_frac: float = 0.5) -> dict:
+          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6, compare_frac: float = 0.5) -> dict:
     from transformers import AutoModelForCausalLM
 
     from coordrl.data.world import (
@@ -182,7 +181,6 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
                 torch.tensor([weighted(ids, m)[prefix_len:] + [0.0] * (w - len(m)) for ids, m in picked]))
 
     def demo_loss(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # The shared prompt prefix runs once (batch 1); its key/value cache is repeated for the batch.
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -217,24 +215,14 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         scale = min(1.0, (step + 1) / warmup)
         for g in opt.param_groups:
             g["lr"] = lr * scale
-        if step < drill_steps:
-            # Curriculum: copy drills alone first (short sequences, cheap steps) until induction forms.
-            dids, dmask = drill_batch(drill_batch_size)
-            loss = torch.tensor(0.0)
-            dloss = loss_of(dids, dmask)
-            total = dloss
-        elif drills:
-            ids, mask = demo_batch(batch)
-            loss = demo_loss(ids, mask)
+        ids, mask = demo_batch(batch)
+        loss = demo_loss(ids, mask)
+        if drills:
             dids, dmask = drill_batch(drills)
-            # In context: after the real system prompt, where the copying is needed, not at position 0.
-            dloss = demo_loss(dids, dmask) if drills_in_context else loss_of(dids, dmask)
-            total = loss + drill_weight * dloss
+            dloss = loss_of(dids, dmask)
         else:
-            ids, mask = demo_batch(batch)
-            loss = demo_loss(ids, mask)
             dloss = torch.tensor(0.0)
-            total = loss
+        total = loss + drill_weight * dloss
         opt.zero_grad()
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -256,8 +244,7 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         "what": "coordrl world warm start (scripts/build_warm_start.py)",
         "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
         "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
-        "name_weight": name_weight, "recall_frac": recall_frac, "drills_in_context": drills_in_context, "warmup": warmup,
-        "drill_steps": drill_steps, "drill_batch_size": drill_batch_size, "compare_frac": compare_frac,
+        "name_weight": name_weight, "recall_frac": recall_frac, "warmup": warmup, "compare_frac": compare_frac,
         "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
         "heldout_copy": copy, "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
     }
@@ -287,16 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--name-weight", type=float, default=4.0, help="loss weight of entity-name tokens in demonstrations")
     p.add_argument("--recall-frac", type=float, default=0.6, help="fraction of the copy drills that are key-value recall instead of plain repeats")
-    p.add_argument("--drills-in-context", action="store_true", help="run drills after the shared system prompt instead of at position 0")
-    p.add_argument("--drill-steps", type=int, default=0, help="first steps with copy drills only (curriculum)")
-    p.add_argument("--drill-batch", type=int, default=128, help="drills per drill-only step")
     p.add_argument("--compare-frac", type=float, default=0.5, help="fraction of drills that are birth-decade comparisons")
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
     build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps or None, p_good=p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
           drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup,
-          name_weight=a.name_weight, recall_frac=a.recall_frac, drills_in_context=a.drills_in_context,
-          drill_steps=a.drill_steps, drill_batch_size=a.drill_batch, compare_frac=a.compare_frac)
+          name_weight=a.name_weight, recall_frac=a.recall_frac, compare_frac=a.compare_frac)
     return 0
 
 

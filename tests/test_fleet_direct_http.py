@@ -15,6 +15,7 @@ import socket
 import httpx
 import pytest
 from fault_injecting_server import FaultInjectingFakeServer
+from test_http_transport import RawServer
 
 from coordrl.rollout.http_transport import LeanAsyncTransport
 from coordrl.rollout.openai_fleet import OpenAIReaderFleet, _Slots
@@ -65,35 +66,6 @@ def calls(monkeypatch) -> dict[str, int]:
     return counts
 
 
-class CaptureServer:
-    """Loopback server that records raw requests and answers each with the next canned reply."""
-
-    def __init__(self, replies: list[bytes]):
-        self.replies = list(replies)
-        self.requests: list[bytes] = []
-
-    async def __aenter__(self) -> CaptureServer:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-
-    async def _handle(self, reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                self.requests.append(head + await reader.readexactly(length))
-                writer.write(self.replies.pop(0))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-
 def _reply(status: int, body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%s\r\n%s" % (status, len(body), extra, body)
 
@@ -110,7 +82,7 @@ def test_direct_path_sends_the_bytes_httpx_would(monkeypatch, calls, api_key):
         monkeypatch.delenv("COORDRL_TEST_DIRECT_KEY", raising=False)
 
     async def run(mode: str) -> tuple[list[bytes], list[ReaderResult]]:
-        async with CaptureServer([_reply(200, _chat(f"a{i}")) for i in range(3)]) as srv:
+        async with RawServer([_reply(200, _chat(f"a{i}")) for i in range(3)]) as srv:
             fleet = _fleet([srv.url], mode, api_key_env="COORDRL_TEST_DIRECT_KEY")
             results = [(await fleet.answer([_req(i)]))[0] for i in range(3)]  # one at a time: replies in order
             await fleet.aclose()
@@ -193,7 +165,7 @@ def test_encoded_and_non_utf8_replies_decode_alike():
     ]
 
     async def run(mode: str) -> list[tuple]:
-        async with CaptureServer(list(replies)) as srv:
+        async with RawServer(list(replies)) as srv:
             fleet = _fleet([srv.url], mode, max_retries=0)
             results = []
             for i in range(len(replies)):
