@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-start", default=None, help="start from this warm-start folder instead of rebuilding it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=5.0, help="GRPO wall-clock budget per seed")
-    p.add_argument("--eval-n", type=int, default=100, help="held-out questions evaluated (half per type)")
+    p.add_argument("--steps", type=int, default=None, help="fixed GRPO optimizer steps per seed instead of --minutes (compares settings on a shared machine)")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out questions evaluated (half per type; default 200, all of the held-out split)")
     p.add_argument("--out", default="runs/learning_check")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1 is much faster when another job shares the cores)")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false")
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in [] if a.ablations_only else a.seeds:
         t = time.time()
         before = evaluate(warm, rows, seed)
-        final, hist, train_s = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides)
+        final, hist, train_s = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps)
         after = evaluate(final, rows, seed)
         curves[seed] = hist
         steps = hist[-1]["step"] if hist else 0

@@ -223,3 +223,24 @@ def test_cached_body_encoding_is_byte_identical_to_json_dumps():
             query = "".join(rng.choice(["b", "é", "\t", "?", " ", "</tool_call>"]) for _ in range(rng.randint(0, 30)))
             request = ReaderRequest(query, chunk, f"k{i % 5}")
             assert fleet.encode_body(request) == json.dumps(fleet.request_body(request), separators=(",", ":")).encode()
+
+
+def test_fake_server_answers_pipelined_requests_in_order():
+    """The fault server is a Protocol that delays replies with timers; two requests written back to
+    back on one connection (the first one delayed) must still come back in request order."""
+    import json
+
+    def chat(question: str) -> bytes:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"Question: {question}"}]}).encode()
+        return b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    with FaultInjectingFakeServer(latency_s=0.05) as server:
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(chat("first") + chat("second"))
+            data = b""
+            while data.count(b"Answer: ") < 2:
+                chunk = sock.recv(65536)
+                assert chunk, "server closed the connection"
+                data += chunk
+    assert data.index(b"Answer: first") < data.index(b"Answer: second")
+    assert server.chat_requests == 2 and server.in_flight == 0

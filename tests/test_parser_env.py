@@ -180,3 +180,29 @@ def test_rollouts_of_one_sample_share_its_chunks(samples, tok):
     assert factory.chunk_cache.hits == 1 and a.chunks == b.chunks
     b.reset(**samples[1])
     assert b.chunks != a.chunks and factory.chunk_cache.hits == 1
+
+
+@pytest.mark.parametrize("require_stop", [True, False])
+def test_answer_cut_off_by_the_token_cap_scores_zero(samples, tok, require_stop):
+    """A final turn without EOS (the per-turn cap cut it) is no answer: reward 0, prediction None,
+    info["unfinished"] 1, the same rule EpisodeReward applies in training. ``require_stop=False``
+    (environments that own their reward) keeps the text's own score."""
+    row = samples[0]
+    codec = ChatCodec(tok)
+    factory = ParserEnvFactory(ParserEnvConfig(), tokenizer=tok)
+    run_on = tok("<answer>yes</answer> yes</answer> no", add_special_tokens=False)["input_ids"]
+    env = StepEnv(factory(), codec, max_turns=9, require_stop=require_stop)
+    env.reset(**row)
+    _, reward, term, _, info = env.step(run_on)
+    assert term and not env.stopped
+    assert (reward, info["unfinished"]) == ((0.0, 1) if require_stop else (1.0, 1))
+
+    class Replay:
+        def act(self, _env):
+            return run_on
+
+    episode = run_episode(StepEnv(factory(), codec, max_turns=9, require_stop=require_stop), Replay(), row)
+    assert episode.prediction == (None if require_stop else "yes")
+    env.reset(**row)
+    _, reward, _, _, info = env.step(run_on + [codec.eos_token_id])
+    assert (reward, info["unfinished"], env.stopped) == (1.0, 0, True)

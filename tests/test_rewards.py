@@ -82,3 +82,19 @@ def test_reward_columns_and_errors():
         exact_match_reward(["<answer>yes</answer>"])
     with pytest.raises(ValueError, match="1 completions but 2"):
         exact_match_reward(["<answer>yes</answer>"], answers=[["yes"], ["no"]])
+
+
+def test_training_reward_scores_cut_off_rollouts_zero():
+    """EpisodeReward with an EOS id: a rollout whose completion ids do not end with EOS (its final turn
+    hit a token cap) scores 0 even with the right answer in its text, and the share is logged."""
+    from coordrl.train.reward import EpisodeReward
+
+    eos = 7
+    completions = [[{"role": "assistant", "content": "<answer>Paris</answer>"}]] * 3
+    ids = [[1, 2, eos], [1, 2, 3], []]
+    logged = {}
+    reward = EpisodeReward(eos_token_id=eos)
+    out = reward(completions, answers=[["Paris"]] * 3, completion_ids=ids, log_metric=logged.__setitem__)
+    assert out == [1.0, 0.0, 0.0]
+    assert logged["env/unfinished"] == 2 / 3
+    assert EpisodeReward()(completions, answers=[["Paris"]] * 3, completion_ids=ids) == [1.0, 1.0, 1.0]

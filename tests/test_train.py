@@ -48,6 +48,8 @@ def test_training_steps_checkpoint_mask_metrics_and_traces(tmp_path):
             return out
 
     trainer = build_trainer(c, trainer_cls=Capture)
+    # The EM reward scores rollouts cut off by a token cap as 0, like StepEnv in eval and inference.
+    assert trainer.reward_funcs[0].eos_token_id == trainer.processing_class.eos_token_id
     trainer.train()
     out_dir = Path(c.grpo["output_dir"])
     ckpt = out_dir / "checkpoint-2"

@@ -842,7 +842,7 @@ def answer_all_regions(
         env = _RegionMidAgent(factory.config, factory.backends, factory.tokenizer, factory.index_cache, k)
         step_env = StepEnv(
             env, codec, max_turns=max_turns, max_completion_tokens=max_completion_tokens,
-            reward_fn=lambda completions, **kw: [env.get_reward()], prompt_fn=prompt_fn,
+            reward_fn=lambda completions, **kw: [env.get_reward()], prompt_fn=prompt_fn, require_stop=False,
         )  # fmt: skip
         step_env.reset(**row)
         out: dict[str, Any] = {"region": k, "subagents": env._region_subagents, "pages": [], "error": None}

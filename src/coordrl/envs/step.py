@@ -51,6 +51,9 @@ class StepEnv:
         max_completion_tokens: TRL's ``max_completion_length`` (all turns and tool results); None: unlimited.
         reward_fn: TRL-style reward function (default exact match of the tagged answer).
         prompt_fn: builds the prompt conversation from a row.
+        require_stop: an episode whose last turn never ended (no EOS: cut off by the per-turn or the
+            completion token cap) scores 0, as `coordrl.train.reward.EpisodeReward` scores it in
+            training (default True; False where the environment owns the reward, as HMARS does).
     """
 
     def __init__(
@@ -62,8 +65,10 @@ class StepEnv:
         max_completion_tokens: int | None = None,
         reward_fn: Callable[..., list[float]] = exact_match_reward,
         prompt_fn: Callable[[dict[str, Any]], list[dict[str, Any]]] = default_prompt,
+        require_stop: bool = True,
     ) -> None:
         self.env = env
+        self.require_stop = require_stop
         self.codec = codec
         self.max_turns = max_turns
         self.max_completion_tokens = max_completion_tokens
@@ -111,6 +116,7 @@ class StepEnv:
             tool_failures=self.tool_failures,
             assistant_turns=sum(1 for m in self.completion if m.get("role") == "assistant"),
             completion_tokens=len(self.completion_ids),
+            unfinished=int(self.done and not self.stopped),
         )
         return base
 
@@ -156,7 +162,14 @@ class StepEnv:
         self.done = True
         answers = self._row.get("answers") if self._row.get("answers") is not None else [self._row.get("answer", "")]
         reward = float(self.reward_fn([self.completion], answers=[answers])[0])
+        if self.require_stop and not self.stopped:
+            reward = 0.0
         return Step(None, reward, terminated, not terminated, self.info)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the last turn ended with EOS (False after a cut-off turn or before any turn)."""
+        return bool(self.completion_ids) and self.completion_ids[-1] == self.codec.eos_token_id
 
     async def _call(self, call: dict[str, Any]) -> dict[str, Any]:
         # Mirrors TRL 1.16's tool loop: unknown tools and exceptions become {"error": ...} results.

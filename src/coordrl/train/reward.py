@@ -23,11 +23,19 @@ class EpisodeReward:
     Args:
         trace_dir: folder for ``rank<k>.jsonl`` traces (None: no traces).
         rank: this process's rank (one trace file per rank, no cross-process writes).
+        score: False where the environment owns the reward (HMARS): only metrics and traces.
+        eos_token_id: when given, a rollout whose last token is not EOS (its final turn was cut off by
+            the per-turn or the completion token cap) scores 0 whatever its text, as
+            `coordrl.envs.step.StepEnv` scores it in evaluation and inference. Without this an answer
+            followed by tokens up to the cap scores like a finished one, and GRPO reinforces the
+            run-on text (measured on the world: the stop token after ``</answer>`` fell from ~1.0 to
+            ~0.0 probability in 140 steps). Logged as ``env/unfinished``.
     """
 
     __name__ = "exact_match"
 
-    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0, score: bool = True) -> None:
+    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0, score: bool = True, eos_token_id: int | None = None) -> None:
+        self.eos_token_id = eos_token_id
         # score=False: the environment owns the reward (TRL adds its get_reward column); this
         # function then only logs metrics and traces and returns None (ignored by TRL's nansum).
         self.score = score
@@ -44,11 +52,17 @@ class EpisodeReward:
         log_metric: Any = None,
         **columns: Any,
     ) -> list[float | None]:
+        token_ids = columns.get("completion_ids")  # TRL passes each rollout's completion ids
+        check = self.eos_token_id is not None and token_ids is not None
+        unfinished = [check and (not token_ids[i] or token_ids[i][-1] != self.eos_token_id) for i in range(len(completions))]
         if self.score:
             rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
+            rewards = [0.0 if cut else r for r, cut in zip(rewards, unfinished, strict=True)]
         else:
             rewards = [e.get_reward() if hasattr(e, "get_reward") else None for e in environments] if environments else [None] * len(completions)
         infos = [dict(getattr(e, "info", {}) or {}) for e in environments] if environments else []
+        if log_metric is not None and check:
+            log_metric("env/unfinished", sum(unfinished) / max(1, len(unfinished)))
         if log_metric is not None and infos:
             sums: dict[str, list[float]] = defaultdict(list)
             for info in infos:
@@ -73,7 +87,7 @@ class EpisodeReward:
                                 "id": ids[i],
                                 "question": questions[i],
                                 "answers": golds[i],
-                                "prediction": extract_answer(completion),
+                                "prediction": None if unfinished[i] else extract_answer(completion),
                                 "reward": rewards[i],
                                 "info": infos[i] if infos else {},
                                 "findings": getattr(env, "findings", []),

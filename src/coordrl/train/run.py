@@ -226,7 +226,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         reward = EpisodeReward(trace_dir, rank=rank, score=False)
     else:
         factory = ParserEnvFactory(cfg.env_config(model_path), fleet=fleet, tokenizer=tokenizer)
-        reward = EpisodeReward(trace_dir, rank=rank)
+        reward = EpisodeReward(trace_dir, rank=rank, eos_token_id=tokenizer.eos_token_id)
     trainer = (trainer_cls or CoordGRPOTrainer)(
         model=model,
         reward_funcs=[reward],
