@@ -170,7 +170,7 @@ def test_cli_serves_until_signalled(fake, tmp_path, sig):
         record = _record(tmp_path, port)
         assert record["argv"][-2:] == ["--seed", "7"]
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)  # stop() may wait 15 s for SIGTERM, then SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
