@@ -161,7 +161,10 @@ def test_cli_serves_until_signalled(fake, tmp_path, sig):
         "--python", str(fake), "--port-base", str(port), "--urls-file", str(urls_file), "--log-dir", str(tmp_path),
         "--", "--seed", "7",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C must reach the CLI even when this test process ignores SIGINT (an ignored signal stays
+    # ignored across exec; a shell's background job, e.g. `./scripts/test.sh &`, starts that way).
+    restore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore_sigint)
     try:
         deadline = time.monotonic() + 60
         while not urls_file.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -170,7 +173,7 @@ def test_cli_serves_until_signalled(fake, tmp_path, sig):
         record = _record(tmp_path, port)
         assert record["argv"][-2:] == ["--seed", "7"]
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)  # stop() may wait 15 s for SIGTERM, then SIGKILL
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
