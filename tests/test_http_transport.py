@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -119,23 +120,31 @@ def test_errors_map_to_httpx_exceptions():
     asyncio.run(go())
 
 
-def test_cancelled_request_does_not_return_its_connection():
-    async def go():
-        never = asyncio.Event()
+@contextlib.asynccontextmanager
+async def hung_server():
+    """A loopback server that accepts connections and never answers; yields its port."""
+    never = asyncio.Event()
 
-        async def hang(reader, writer):
-            await never.wait()
+    async def hang(reader, writer):
+        await never.wait()
 
-        server = await asyncio.start_server(hang, "127.0.0.1", 0)
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        transport = LeanAsyncTransport()
-        async with httpx.AsyncClient(transport=transport) as client:
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.1):
-                    await client.get(url + "/slow")
-            assert not any(transport._idle.values())
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
         never.set()
         server.close()
+
+
+def test_cancelled_request_does_not_return_its_connection():
+    async def go():
+        async with hung_server() as port:
+            transport = LeanAsyncTransport()
+            async with httpx.AsyncClient(transport=transport) as client:
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await client.get(f"http://127.0.0.1:{port}/slow")
+                assert not any(transport._idle.values())
 
     asyncio.run(go())
 
@@ -199,22 +208,14 @@ def test_post_bytes_errors_map_to_httpx_exceptions():
 
 def test_post_bytes_deadline_aborts_a_hung_exchange():
     async def go():
-        never = asyncio.Event()
-
-        async def hang(reader, writer):
-            await never.wait()
-
-        server = await asyncio.start_server(hang, "127.0.0.1", 0)
-        address = ("127.0.0.1", server.sockets[0].getsockname()[1])
         transport = LeanAsyncTransport()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        with pytest.raises(httpx.ReadTimeout):
-            await transport.post_bytes(address, b"POST / HTTP/1.1\r\nHost: x\r\n", b"{}", timeout_s=0.2)
-        assert 0.2 <= loop.time() - start < 1.0
-        assert not any(transport._idle.values())
-        never.set()
-        server.close()
+        async with hung_server() as port:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            with pytest.raises(httpx.ReadTimeout):
+                await transport.post_bytes(("127.0.0.1", port), b"POST / HTTP/1.1\r\nHost: x\r\n", b"{}", timeout_s=0.2)
+            assert 0.2 <= loop.time() - start < 1.0
+            assert not any(transport._idle.values())
         async with RawServer([ok()]) as srv:  # in time: the timer is cancelled, the connection pooled
             address = ("127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
             status, _, _ = await transport.post_bytes(address, b"POST / HTTP/1.1\r\nHost: x\r\n", b"{}", timeout_s=5)
