@@ -4,14 +4,20 @@ Documented loop (not SFTTrainer, so the rendering is provably TRL's): every demo
 scripted episode driven through `coordrl.envs.step.StepEnv`, i.e. prompt ids rendered with TRL's
 prefix-preserving training template and the world's system prompt, assistant turns as ids (loss on),
 tool-response suffixes built by TRL's ``_get_tool_suffix_ids`` (loss off). Demonstrations are
-deliberately imperfect: a fraction ``--p-good`` (default 0.3) solve the question, the rest stop after
+deliberately imperfect: a fraction ``--p-good-*`` (default 0.35) solve the question, the rest stop after
 the first hop and answer a decoy (bridge: the filming city; comparison: a birth decade), so the warm
 start can do every step of the task but usually takes the wrong branch.
 
 Skills that plain SFT does not pick up in minutes get drills, mixed into every step (``--drills``):
 * copying: random names then the same names again, and key-value recall ("k1 v1 k2 v2 . k2 v2",
   keys being the world's own words, so "the film F ... the film ?" is covered) (REFERENCE.md section 6);
-* comparing (``--compare-frac``): two birth-decade facts, the comparison question, the earlier-born name.
+* comparing (``--compare-frac``): two birth-decade facts, the comparison question, the earlier-born name;
+  from step ``--adjacent-from`` on, ``--adjacent-frac`` of them between neighbouring decades. Measured
+  (100 held-out comparisons, teacher-forced good trajectory): uniform pairs left P(correct answer) at
+  0.65 on neighbouring decades against 0.93-0.98 at gaps of 3 or more, and GRPO barely moved it (0.65-0.70);
+  with the late stress the overall P(correct) went 0.87 -> 0.90 (gap 2: 0.79 -> 0.84; neighbours stayed at
+  0.65) and its bias towards the first-named person disappeared (first 0.93 / second 0.81 -> 0.90 / 0.90);
+  stressed from step 0, the comparison never emerged (0.50).
 Entity names in demonstrations weigh ``--name-weight`` in the loss (default 4): they are a few tokens
 among dozens of fixed JSON ones. Measured effect (2 cores): without recall drills the first query
 never copied the film name (0% of held-out bridge questions); without comparison drills the
@@ -69,7 +75,8 @@ def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[in
 
 def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None = 400, p_good: float | dict[str, float] | None = None, n_train: int = 3000, n_eval: int = 100,
           lr: float = 1.5e-3, batch: int = 16, drills: int = 96, drill_weight: float = 1.0, threads: int | None = None,
-          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6, compare_frac: float = 0.5) -> dict:
+          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6, compare_frac: float = 0.5,
+          adjacent_frac: float = 0.5, adjacent_from: int = 250) -> dict:
     from transformers import AutoModelForCausalLM
 
     from coordrl.data.world import (
@@ -123,7 +130,13 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         # The comparison question's decision in isolation: two birth-decade facts, the question, the
         # earlier-born name (loss on that name only).
         p1, p2 = rng.sample(world.people, 2)
-        y1, y2 = rng.sample(DECADES, 2)
+        if step >= adjacent_from and rng.random() < adjacent_frac:
+            # Neighbouring decades are the hard pairs: uniform pairs left the warm start at 64% on them.
+            # Only once the comparison is learned: stressed from the start, it never emerged (chance).
+            i = rng.randrange(len(DECADES) - 1)
+            y1, y2 = rng.sample(DECADES[i : i + 2], 2)
+        else:
+            y1, y2 = rng.sample(DECADES, 2)
         facts = [decade_sentence(p1, y1), decade_sentence(p2, y2)]
         rng.shuffle(facts)
         text = f"{facts[0]} {facts[1]} Who was born earlier, {p1} or {p2}?"
@@ -244,7 +257,7 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         "what": "coordrl world warm start (scripts/build_warm_start.py)",
         "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
         "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
-        "name_weight": name_weight, "recall_frac": recall_frac, "warmup": warmup, "compare_frac": compare_frac,
+        "name_weight": name_weight, "recall_frac": recall_frac, "warmup": warmup, "compare_frac": compare_frac, "adjacent_frac": adjacent_frac, "adjacent_from": adjacent_from,
         "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
         "heldout_copy": copy, "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
     }
@@ -275,11 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name-weight", type=float, default=4.0, help="loss weight of entity-name tokens in demonstrations")
     p.add_argument("--recall-frac", type=float, default=0.6, help="fraction of the copy drills that are key-value recall instead of plain repeats")
     p.add_argument("--compare-frac", type=float, default=0.5, help="fraction of drills that are birth-decade comparisons")
+    p.add_argument("--adjacent-frac", type=float, default=0.5, help="fraction of comparison drills between neighbouring decades, from step --adjacent-from on")
+    p.add_argument("--adjacent-from", type=int, default=250, help="SFT step from which --adjacent-frac applies")
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
     build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps or None, p_good=p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
           drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup,
-          name_weight=a.name_weight, recall_frac=a.recall_frac, compare_frac=a.compare_frac)
+          name_weight=a.name_weight, recall_frac=a.recall_frac, compare_frac=a.compare_frac,
+          adjacent_frac=a.adjacent_frac, adjacent_from=a.adjacent_from)
     return 0
 
 

@@ -128,3 +128,12 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     meta = json.loads((Path(kept) / "coordrl_warm_start.json").read_text())
     # The kept checkpoint is what scripts/build_warm_start.py builds with its defaults.
     assert meta["steps"] == 400 and meta["p_good"] == {"bridge": 0.35, "comparison": 0.35}
+    import importlib.util
+    import inspect
+
+    spec = importlib.util.spec_from_file_location("build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    defaults = {k: v.default for k, v in inspect.signature(mod.build).parameters.items() if v.default is not inspect.Parameter.empty}
+    for key in ("seed", "lr", "batch", "drills", "drill_weight", "max_drill", "warmup", "name_weight", "recall_frac", "compare_frac", "adjacent_frac", "adjacent_from", "n_train"):
+        assert meta[key] == defaults[key], key
