@@ -131,7 +131,7 @@ def build(out: Path, *, seed: int = 0, minutes: float = 9.5, steps: int | None =
         # earlier-born name (loss on that name only).
         p1, p2 = rng.sample(world.people, 2)
         if step >= adjacent_from and rng.random() < adjacent_frac:
-            # Neighbouring decades are the hard pairs: uniform pairs left the warm start at 64% on them.
+            # Neighbouring decades are the hard pairs: with uniform pairs the warm start gave them P = 0.65.
             # Only once the comparison is learned: stressed from the start, it never emerged (chance).
             i = rng.randrange(len(DECADES) - 1)
             y1, y2 = rng.sample(DECADES[i : i + 2], 2)
