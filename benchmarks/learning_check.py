@@ -32,6 +32,14 @@ CONFIG = ROOT / "configs" / "world_cpu.yaml"
 TARGET_SAMPLED, TARGET_GREEDY = 0.90, 0.95
 
 
+def warm_start_builder():
+    """``scripts/build_warm_start.py`` as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("build_warm_start", ROOT / "scripts" / "build_warm_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def evaluate(path: str | Path, rows: list[dict], seed: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,11 +75,8 @@ def run_ablations(a: argparse.Namespace, out: Path, warm: Path, rows: list[dict]
     """Each ablation runs exactly ``steps`` GRPO steps (what the first seed did in its time budget),
     so the comparison holds even when the ablations share the machine with other work."""
     seed = a.seeds[0]
-    spec = importlib.util.spec_from_file_location("build_warm_start", ROOT / "scripts" / "build_warm_start.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     early = out / "warm_start_early"
-    meta = mod.build(early, seed=0, steps=a.early_steps, threads=a.threads)
+    meta = warm_start_builder().build(early, seed=0, steps=a.early_steps, threads=a.threads)
     print(f"early warm start ({a.early_steps} SFT steps): name copying {meta['heldout_copy']}")
     runs = {
         "observation tokens in the loss": (warm, {"mask_observations": "false"}),
@@ -143,11 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     warm = Path(a.warm_start) if a.warm_start else KEPT
     if not (a.reuse_warm_start or a.warm_start):
-        spec = importlib.util.spec_from_file_location("build_warm_start", ROOT / "scripts" / "build_warm_start.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
         warm = out / "warm_start"
-        mod.build(warm, seed=0, batch=16, threads=a.threads)
+        warm_start_builder().build(warm, threads=a.threads)  # the defaults the kept checkpoint was built with
         walls["warm_start_s"] = time.time() - t0
 
     from coordrl.data.world import world_splits

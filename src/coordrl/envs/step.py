@@ -18,7 +18,7 @@ from typing import Any
 
 from coordrl.envs.chat import ChatCodec, env_tools
 from coordrl.envs.prompts import lead_prompt
-from coordrl.rewards import exact_match_reward
+from coordrl.rewards import ends_with_stop, exact_match_reward
 
 
 def default_prompt(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -162,14 +162,19 @@ class StepEnv:
         self.done = True
         answers = self._row.get("answers") if self._row.get("answers") is not None else [self._row.get("answer", "")]
         reward = float(self.reward_fn([self.completion], answers=[answers])[0])
-        if self.require_stop and not self.stopped:
+        if self.cut_off:
             reward = 0.0
         return Step(None, reward, terminated, not terminated, self.info)
 
     @property
     def stopped(self) -> bool:
         """Whether the last turn ended with EOS (False after a cut-off turn or before any turn)."""
-        return bool(self.completion_ids) and self.completion_ids[-1] == self.codec.eos_token_id
+        return ends_with_stop(self.completion_ids, self.codec.eos_token_id)
+
+    @property
+    def cut_off(self) -> bool:
+        """Whether the episode has no answer because its last turn was cut off (``require_stop``)."""
+        return self.require_stop and not self.stopped
 
     async def _call(self, call: dict[str, Any]) -> dict[str, Any]:
         # Mirrors TRL 1.16's tool loop: unknown tools and exceptions become {"error": ...} results.

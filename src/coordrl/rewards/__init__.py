@@ -1,6 +1,12 @@
 """Answer extraction, HotpotQA normalisation and the exact-match family of metrics and rewards."""
 
-from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, extract_answer, final_answer_message
+from coordrl.rewards.extract import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    ends_with_stop,
+    extract_answer,
+    final_answer_message,
+)
 from coordrl.rewards.metrics import (
     exact_match,
     f1_score,
@@ -12,16 +18,17 @@ from coordrl.rewards.metrics import (
 from coordrl.rewards.reward import exact_match_reward, f1_reward
 
 __all__ = [
-    "ANSWER_OPEN",
     "ANSWER_CLOSE",
-    "extract_answer",
-    "final_answer_message",
-    "normalize_answer",
+    "ANSWER_OPEN",
+    "ends_with_stop",
     "exact_match",
-    "f1_score",
-    "sub_em",
-    "guarded_sub_em",
-    "score_prediction",
     "exact_match_reward",
+    "extract_answer",
     "f1_reward",
+    "f1_score",
+    "final_answer_message",
+    "guarded_sub_em",
+    "normalize_answer",
+    "score_prediction",
+    "sub_em",
 ]

@@ -22,6 +22,13 @@ _THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _RAW_TOOL_CALL = "<tool_call>"
 
 
+def ends_with_stop(completion_ids: Sequence[int], eos_token_id: int) -> bool:
+    """Whether a rollout's final turn ended with EOS. One cut off by a token cap (per turn or for the
+    whole completion) has not answered, whatever its text says: it scores 0 in training
+    (`coordrl.train.reward.EpisodeReward`), evaluation and inference (`coordrl.envs.step.StepEnv`)."""
+    return bool(completion_ids) and completion_ids[-1] == eos_token_id
+
+
 def _content_text(content: Any) -> str:
     if content is None:
         return ""

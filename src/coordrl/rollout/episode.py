@@ -62,8 +62,7 @@ def run_episode(env: StepEnv, policy: Policy, row: dict[str, Any], max_assistant
         sample_id=str(row.get("id", "")),
         question=row.get("question", ""),
         answers=list(answers),
-        # A final turn cut off by a token cap is no answer, as the reward scores it (StepEnv.require_stop).
-        prediction=extract_answer(env.completion) if env.stopped or not env.require_stop else None,
+        prediction=None if env.cut_off else extract_answer(env.completion),
         reward=step.reward,
         terminated=step.terminated,
         messages=env.messages,

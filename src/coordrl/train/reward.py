@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from coordrl.rewards import exact_match_reward, extract_answer
+from coordrl.rewards import ends_with_stop, exact_match_reward, extract_answer
 
 
 class EpisodeReward:
@@ -54,7 +54,7 @@ class EpisodeReward:
     ) -> list[float | None]:
         token_ids = columns.get("completion_ids")  # TRL passes each rollout's completion ids
         check = self.eos_token_id is not None and token_ids is not None
-        unfinished = [check and (not token_ids[i] or token_ids[i][-1] != self.eos_token_id) for i in range(len(completions))]
+        unfinished = [check and not ends_with_stop(token_ids[i], self.eos_token_id) for i in range(len(completions))]
         if self.score:
             rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
             rewards = [0.0 if cut else r for r, cut in zip(rewards, unfinished, strict=True)]
