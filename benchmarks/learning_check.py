@@ -110,7 +110,11 @@ def plot(curves: dict[int, list[dict]], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for seed, hist in curves.items():
-        ax.plot([h["step"] for h in hist], [h["reward"] for h in hist], label=f"seed {seed}")
+        steps, rewards = [h["step"] for h in hist], [h["reward"] for h in hist]
+        # One point is 16 rollouts of 2 questions: too noisy to read alone, so a 10-point mean on top.
+        (line,) = ax.plot(steps, rewards, alpha=0.25, linewidth=0.8)
+        mean = [sum(rewards[max(0, i - 9) : i + 1]) / len(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
+        ax.plot(steps, mean, color=line.get_color(), label=f"seed {seed} (mean of last 10)")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("training reward (exact match)")
     ax.set_ylim(0, 1.02)
