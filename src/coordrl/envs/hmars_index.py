@@ -379,27 +379,15 @@ def lexical_region(group: int, subagents: Sequence[int], cards: Sequence[MemoryC
 # -- model writer ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _ChatRequest(ReaderRequest):
-    """A reader request that carries its own chat messages (the fleet's reader prompt is replaced)."""
-
-    messages: tuple = ()
-
-
 class ChatEndpoint(OpenAIReaderFleet):
-    """`OpenAIReaderFleet` reused for arbitrary chat prompts: same pooled client, retries, backoff,
-    replica routing and never-raise failures; only the request body's messages differ."""
-
-    def request_body(self, request: ReaderRequest) -> dict[str, Any]:
-        body = super().request_body(request)
-        if isinstance(request, _ChatRequest):
-            body["messages"] = [dict(m) for m in request.messages]
-        return body
+    """`OpenAIReaderFleet` used for arbitrary chat prompts (card writer, selector, answer model): same
+    pooled client, retries, backoff, replica routing and never-raise failures; each request carries
+    its own messages (`ReaderRequest.chat`), which the fleet sends as they are."""
 
     async def chat(self, conversations: Sequence[Sequence[dict[str, str]]], keys: Sequence[str] | None = None) -> list[ReaderResult]:
         """One completion per conversation, concurrently, in order. ``keys`` route to replicas."""
         keys = list(keys) if keys is not None else [str(i) for i in range(len(conversations))]
-        return await self.answer([_ChatRequest("", "", k, tuple(c)) for c, k in zip(conversations, keys, strict=True)])
+        return await self.answer([ReaderRequest.chat(c, k) for c, k in zip(conversations, keys, strict=True)])
 
 
 def make_chat_endpoint(spec: str, model: str | None, api_key_env: str | None = "OPENAI_API_KEY", **options: Any) -> ChatEndpoint | None:

@@ -278,14 +278,43 @@ class OpenAIReaderFleet:
         key = self._api_key()
         return {"Authorization": f"Bearer {key}"} if key else None
 
-    def encode_body(self, request: ReaderRequest) -> bytes:
-        """``json.dumps(request_body(request))`` (compact), byte for byte, with the costly part cached.
+    def request_body(self, request: ReaderRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request``: the one place where a request's body is defined.
 
-        A broadcast sends every query to every chunk, so the sanitised, JSON-escaped passage is
-        encoded once per chunk and reused (JSON escaping is per character, so an escaped prefix
-        and an escaped suffix concatenate into the escaped whole).
+        Messages come from :meth:`ReaderRequest.chat_messages` (the reader prompt of
+        :func:`reader_messages`, or the request's own messages for every other role). A subclass may
+        override this; :meth:`encode_body` then sends exactly what the override returns.
+        """
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": request.chat_messages(),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "chat_template_kwargs": dict(READER_CHAT_TEMPLATE_KWARGS),
+        }
+        body.update(self.extra_body)
+        return body
+
+    def encode_body(self, request: ReaderRequest) -> bytes:
+        """``json.dumps(request_body(request))`` (compact), byte for byte, for every request kind.
+
+        Reader requests take a fast path with the costly part cached: a broadcast sends every query
+        to every chunk, so the sanitised, JSON-escaped passage is encoded once per chunk and reused
+        (JSON escaping is per character, so an escaped prefix and an escaped suffix concatenate into
+        the escaped whole). Every other request (own messages, a subclass's ``request_body``,
+        ``extra_body`` that replaces the model or messages) is encoded from :meth:`request_body`.
         """
         return self._encode_body(request, None)
+
+    def _fast_path(self, request: ReaderRequest) -> bool:
+        """Whether :meth:`_encode_body`'s cached layout is exactly what :meth:`request_body` builds."""
+        return (
+            request.messages is None
+            and type(self).request_body is OpenAIReaderFleet.request_body
+            and type(request).chat_messages is ReaderRequest.chat_messages
+            and "model" not in self.extra_body
+            and "messages" not in self.extra_body
+        )
 
     def _encode_body(self, request: ReaderRequest, tails: dict[str, bytes] | None) -> bytes:
         """:meth:`encode_body`, with the part after the passage looked up in ``tails`` by query.
@@ -294,7 +323,7 @@ class OpenAIReaderFleet:
         question and the sampling fields are encoded once per query and batch, and fields changed
         on the fleet between batches still take effect.
         """
-        if "model" in self.extra_body or "messages" in self.extra_body:
+        if not self._fast_path(request):
             return json.dumps(self.request_body(request), separators=(",", ":")).encode()
         head = self._heads.get((request.chunk_key, request.chunk_text))
         if head is None:
@@ -317,18 +346,6 @@ class OpenAIReaderFleet:
             if tails is not None:
                 tails[request.query] = tail
         return head + tail
-
-    def request_body(self, request: ReaderRequest) -> dict[str, Any]:
-        """The JSON body sent for ``request`` (prompt from :func:`reader_messages`)."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": reader_messages(request.chunk_text, request.query),
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "chat_template_kwargs": dict(READER_CHAT_TEMPLATE_KWARGS),
-        }
-        body.update(self.extra_body)
-        return body
 
     async def _attempt(self, client: httpx.AsyncClient, endpoint: httpx.URL, payload: bytes) -> str:
         """One attempt through ``httpx.AsyncClient`` (https, or a caller-given transport)."""

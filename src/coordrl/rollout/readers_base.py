@@ -7,20 +7,40 @@ environment never cares which backend served them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from coordrl.rollout.reader_prompt import reader_messages
 
 UNKNOWN = "Unknown"
 
 
 @dataclass(frozen=True)
 class ReaderRequest:
-    """One query to one chunk. ``chunk_key`` identifies the chunk for cache-aware routing."""
+    """One request to a model-served role. ``chunk_key`` routes it to a replica (cache-aware).
+
+    A reader request (``messages`` None) asks ``query`` about ``chunk_text`` with the reader prompt.
+    Any other role (index card writer, page selector, answer model) brings its own chat
+    ``messages``, as ``(role, content)`` pairs, and leaves ``query`` and ``chunk_text`` empty; the
+    backend sends exactly those.
+    """
 
     query: str
     chunk_text: str
     chunk_key: str
+    messages: tuple[tuple[str, str], ...] | None = None
+
+    @classmethod
+    def chat(cls, messages: Sequence[Mapping[str, str]], key: str) -> ReaderRequest:
+        """A request that sends ``messages`` (``role`` and ``content`` of each) as given, routed by ``key``."""
+        return cls("", "", key, tuple((m["role"], m["content"]) for m in messages))
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The chat messages a model backend sends for this request: its own, or the reader prompt."""
+        if self.messages is not None:
+            return [{"role": role, "content": content} for role, content in self.messages]
+        return reader_messages(self.chunk_text, self.query)
 
 
 @dataclass(frozen=True)
