@@ -1,8 +1,9 @@
-"""argparse value types shared by every `coordrl` subcommand."""
+"""argparse value types and flags shared by `coordrl` subcommands."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def positive_int(text: str) -> int:
@@ -14,3 +15,48 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """A number > 0 (seconds), or an argparse error naming the bad value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text!r}"
+        ) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, got {text}"
+        )
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0, or an argparse error naming the bad value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def add_reader_limit_flags(p: argparse.ArgumentParser) -> None:
+    """``--reader-timeout`` / ``--reader-retries`` (``rollout``, ``eval``, ``answer``): the worst case of one
+    tool round against hung readers is timeout x (retries + 1) plus the fleet's backoff between attempts."""
+    p.add_argument("--reader-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="per-attempt limit of one reader request (default: the policy's recorded setting, else 60)")  # fmt: skip
+    p.add_argument("--reader-retries", type=non_negative_int, default=None, metavar="N",
+                   help="retries of a reader request that timed out or failed (default: recorded setting, else 3)")  # fmt: skip
+
+
+def reader_limits(args: Any) -> dict[str, float | int]:
+    """The ``ParserEnvConfig`` fields the reader flags set (only the flags given)."""
+    out: dict[str, float | int] = {}
+    if getattr(args, "reader_timeout", None) is not None:
+        out["reader_timeout_s"] = args.reader_timeout
+    if getattr(args, "reader_retries", None) is not None:
+        out["reader_retries"] = args.reader_retries
+    return out

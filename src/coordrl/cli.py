@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
+from coordrl.argtypes import add_reader_limit_flags, reader_limits
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 
@@ -168,7 +170,7 @@ def _rollout_episode(args: argparse.Namespace):
             raise UsageError(f"--policy must be 'scripted' or a model folder; {args.policy} is not a folder")
         policy = HFPolicy(args.policy, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
         tokenizer = policy.tokenizer
-    config = ParserEnvConfig(readers=args.readers, reader_model=args.reader_model, chunk_tokens=args.chunk_tokens, max_turns=args.max_turns)
+    config = ParserEnvConfig(readers=args.readers, reader_model=args.reader_model, chunk_tokens=args.chunk_tokens, max_turns=args.max_turns, **reader_limits(args))
     try:
         factory = ParserEnvFactory(config, tokenizer=tokenizer)
         env = StepEnv(factory(), ChatCodec(tokenizer), max_turns=config.max_turns)
@@ -196,7 +198,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             return 0
         from coordrl.train.run import train
 
-        out = train(cfg, resume=args.resume)
+        out = train(cfg, resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     print(f"training finished; checkpoints and logs in {out}")
@@ -231,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", type=Path, required=True, help="YAML config (coordrl and GRPOConfig fields)")
     train.add_argument("--dry-run", action="store_true", help="print the resolved plan (layout, batch, budget, memory) and exit")
     train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in output_dir")
+    train.add_argument("--overwrite", action="store_true", help="delete another run's checkpoints, final model and traces in output_dir first")
+    train.add_argument("--break-lock", action="store_true", help="take over output_dir's lock left by a run on another host")
     train.set_defaults(func=_cmd_train)
 
     rollout = sub.add_parser("rollout", help="run one episode and print the conversation, findings, reward and info")
@@ -246,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
+    add_reader_limit_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
     from coordrl.rollout.serve import add_serve_readers_parser
@@ -290,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PATH_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Building the parser imports the subcommands' libraries, and transformers prints a notice on
     # stdout at import (wandb offline mode); stdout is kept for results (`--json`).
@@ -308,6 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (DataError, UsageError) as e:
         print(f"coordrl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # An output path that cannot be written, met past the commands' own checks: one line, not a traceback.
+        if e.errno not in _PATH_ERRNOS or not e.filename:
+            raise
+        print(f"coordrl: error: {e.filename}: {e.strerror}; choose a writable path", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("coordrl: interrupted", file=sys.stderr)

@@ -31,10 +31,11 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
+from coordrl.argtypes import add_reader_limit_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
@@ -247,6 +248,8 @@ class Coordinator:
         seed: int = 0,
         max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS,
         hmars: dict[str, Any] | None = None,
+        reader_timeout_s: float | None = None,
+        reader_retries: int | None = None,
     ) -> Coordinator:
         """Load a policy (export, checkpoint, model folder, hub id or ``scripted``) and its readers.
 
@@ -269,10 +272,17 @@ class Coordinator:
             max_document_tokens: longest document accepted (default 1,000,000 tokens).
             hmars: `HmarsEnvConfig` fields replacing the ones an ``hmars`` policy recorded at
                 training (e.g. ``{"c_sub": 4096, "selector": "http://host:8001/v1"}``).
+            reader_timeout_s / reader_retries: per-attempt limit and retries of a reader request
+                (default None: the recorded settings, else 60 s and 3); a hung reader costs at most
+                timeout x (retries + 1) plus backoff per tool round. ``hmars``: the frozen backends'
+                ``backend_timeout_s`` / ``backend_retries``, unless ``hmars`` sets them.
         """
         source = resolve_policy(folder)
         try:
             env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars)
+            names = ("backend_timeout_s", "backend_retries") if source.protocol == "hmars" else ("reader_timeout_s", "reader_retries")
+            limits = {k: v for k, v in zip(names, (reader_timeout_s, reader_retries), strict=True) if v is not None and k not in (hmars or {})}
+            env_config = replace(env_config, **limits)
             if source.protocol != "hmars":
                 from coordrl.rollout.fleet import (
                     make_fleet,  # validate the reader spec now, not mid-episode
@@ -420,6 +430,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         args.policy, readers=args.readers, reader_model=args.reader_model, policy_url=args.policy_url,
         device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
         max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens, hmars=parse_settings(args.hmars),
+        reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries,
     )  # fmt: skip
     try:
         result = coord.answer(raw, args.question)
@@ -488,5 +499,6 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-document-tokens", type=_positive, default=DEFAULT_MAX_DOCUMENT_TOKENS, help="longest document accepted (default 1000000)")
     p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL")
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
+    add_reader_limit_flags(p)
     p.set_defaults(func=_cmd_answer)
     return p

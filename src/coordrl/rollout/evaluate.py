@@ -54,9 +54,12 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.argtypes import add_reader_limit_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
+from coordrl.envs.hmars import ROLE_ERROR_KEYS
 from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
+from coordrl.rundir import RunLock, truncate_torn_tail
 
 __all__ = [
     "BASELINES",
@@ -110,6 +113,12 @@ class EvalConfig:
         device: in-process device. label: name in tables and plots (default from the policy).
         overwrite: discard earlier results in ``out`` (default False: resume them).
         progress: show a progress bar (default True).
+        reader_timeout_s / reader_retries: per-attempt limit and retries of a reader request
+            (default None: the policy's recorded settings, else 60 s and 3); for ``hmars`` policies the
+            frozen backends' ``backend_timeout_s`` / ``backend_retries`` unless ``hmars`` sets them.
+        break_lock: take over ``out``'s lock left by a run on another host (default False).
+
+    The evaluation holds ``out``'s lock (`coordrl.rundir.RunLock`) while it runs.
     """
 
     policy: str
@@ -135,6 +144,9 @@ class EvalConfig:
     overwrite: bool = False
     progress: bool = True
     hmars: dict[str, Any] | None = None
+    reader_timeout_s: float | None = None
+    reader_retries: int | None = None
+    break_lock: bool = False
 
 
 @dataclass
@@ -237,13 +249,9 @@ class _TraceWriter:
         with self._lock:
             if subset not in self._checked:
                 self._checked.add(subset)
-                # A crash mid-write leaves a torn last line; start on a fresh line so no record joins it.
-                if path.exists() and path.stat().st_size:
-                    with open(path, "rb") as fh:
-                        fh.seek(-1, 2)
-                        torn = fh.read(1) != b"\n"
-                    if torn:
-                        line = "\n" + line
+                # A crash mid-write leaves a torn last line: cut it, so the file stays valid JSONL (the
+                # sample it held has no complete record, so this run does it again).
+                truncate_torn_tail(path)
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(line)
                 fh.flush()
@@ -484,7 +492,9 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, prot
     For ``protocol="hmars"`` the HMARS evidence metrics are added (means over successful samples):
     ``recall`` (supporting-page recall: share of gold Documents covered by the selected pages),
     ``pages_selected``, ``evidence_tokens``, ``answer_prompt_tokens``, ``model_calls`` (frozen
-    selector and answer calls per question) and ``regions`` (mid-agents per question).
+    selector and answer calls per question) and ``regions`` (mid-agents per question). Failures of the frozen roles are
+    totals over successful samples: ``reader_errors`` (PARSER), and for HMARS ``selector_errors``,
+    ``selector_parse_failures``, ``answerer_errors``, ``answerer_parse_failures``.
     """
     ok = [r for r in records if r.get("status") == "ok"]
     failed = [r for r in records if r.get("status") != "ok"]
@@ -510,6 +520,8 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, prot
     if protocol == "hmars":
         for key in HMARS_METRICS:
             out[key] = _mean(float(i.get(key, 0)) for i in infos)
+        for key in ROLE_ERROR_KEYS:  # totals, like reader_errors: a broken role is named in the table
+            out[key] = sum(i.get(key, 0) for i in infos)
     return out
 
 
@@ -587,12 +599,7 @@ def _window(cfg: EvalConfig, policy, tokenizer) -> int | None:
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run (or resume) an evaluation and write its outputs; returns ``results.json``'s content."""
-    from tqdm.auto import tqdm
-
-    from coordrl.data.show import load_built
-    from coordrl.inference.coordinator import DEFAULT_MAX_NEW_TOKENS, load_policy
     from coordrl.inference.export import PolicyError, resolve_policy
-    from coordrl.rollout.report import plot_accuracy, render_results_md
     from coordrl.train.run import resolve_model
 
     if cfg.baseline is not None and cfg.baseline not in BASELINES:
@@ -626,6 +633,26 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         if isinstance(e, DataError):
             raise
         raise DataError(str(e)) from None
+    env_config = _with_reader_limits(env_config, cfg, hmars)
+    with RunLock(Path(cfg.out), what="--out", break_lock=cfg.break_lock):
+        return _evaluate_locked(cfg, source, subsets, weights, env_config)
+
+
+def _with_reader_limits(env_config, cfg: EvalConfig, hmars: bool):
+    """``env_config`` with the ``--reader-timeout`` / ``--reader-retries`` given (hmars: backend limits)."""
+    names = ("backend_timeout_s", "backend_retries") if hmars else ("reader_timeout_s", "reader_retries")
+    given = dict(zip(names, (cfg.reader_timeout_s, cfg.reader_retries), strict=True))
+    fixed = set(cfg.hmars or {}) if hmars else set()  # an explicit --hmars backend_timeout_s=... wins
+    return replace(env_config, **{k: v for k, v in given.items() if v is not None and k not in fixed})
+
+
+def _evaluate_locked(cfg: EvalConfig, source, subsets: list[SubsetSpec], weights: str | None, env_config) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from coordrl.data.show import load_built
+    from coordrl.inference.coordinator import DEFAULT_MAX_NEW_TOKENS, load_policy
+    from coordrl.rollout.report import plot_accuracy, render_results_md
+
     max_new_tokens = cfg.max_new_tokens or source.generation.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
     policy, tokenizer = load_policy(
         source, policy_url=cfg.policy_url, served_model=cfg.served_model, device=cfg.device,
@@ -776,7 +803,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit, concurrency=args.concurrency, baseline=args.baseline, drop_failed=args.drop_failed, seed=args.seed,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_completion_tokens=args.max_completion_tokens,
         context_window=args.context_window, device=args.device, label=args.label, overwrite=args.overwrite, progress=not args.no_progress,
-        hmars=parse_settings(args.hmars),
+        hmars=parse_settings(args.hmars), reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries,
+        break_lock=args.break_lock,
     )  # fmt: skip
     results = evaluate(cfg)
     run = results["run"]
@@ -823,5 +851,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL mode=no_mid")
     p.add_argument("--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one")
+    p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
+    add_reader_limit_flags(p)
     p.set_defaults(func=_cmd_eval)
     return p

@@ -210,6 +210,21 @@ def _all_keys() -> set[str]:
     return {f.name for f in dataclasses.fields(CoordConfig)} | set(grpo_fields())
 
 
+def _check_readers(coord: CoordConfig) -> None:
+    """Reader settings a run would otherwise trip over at its first tool round (or inside TRL)."""
+    if coord.reader_timeout_s <= 0:
+        raise ConfigError(f"reader_timeout_s: must be > 0 seconds, got {coord.reader_timeout_s}")
+    if coord.reader_retries < 0:
+        raise ConfigError(f"reader_retries: must be >= 0, got {coord.reader_retries}")
+    if coord.protocol != "parser" or coord.readers.strip() == "lexical":
+        return
+    urls = [u.strip() for u in coord.readers.split(",") if u.strip()]
+    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+        raise ConfigError(f"readers: must be 'lexical' or comma-separated http(s) URLs, got {coord.readers!r}")
+    if not coord.reader_model:
+        raise ConfigError("reader_model: required when readers are server URLs; set it to the model name the reader servers serve")
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML config (safe loader) and apply overrides; every key is checked and typed."""
     raw: dict[str, Any] = {}
@@ -243,6 +258,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError("model: required (a local model folder or a hub id)")
     if coord.max_turns < 1:
         raise ConfigError("max_turns: must be >= 1")
+    _check_readers(coord)
+    strategy = str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()  # an IntervalStrategy prints as its value
+    if strategy != "no" and coord.eval_data is None:
+        raise ConfigError(
+            f"eval_strategy: {strategy!r} needs eval_data (a dataset folder, 'sample' or 'world'); set eval_data, "
+            "or eval_strategy: no"
+        )
     if coord.hmars is not None:
         from coordrl.envs.hmars import HmarsEnvConfig
 

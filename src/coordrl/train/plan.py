@@ -12,7 +12,9 @@ answers by crashing twenty minutes in:
   ``num_generations`` (>= 2), and how many prompts that is per generation and per optimizer step;
 * **token budget** -- ``max_completion_length`` is TRL's budget for *all* assistant turns *and* tool
   results of one rollout; see `Budget`;
-* **memory** -- an estimate per training GPU; see `Memory` and `estimate_memory`.
+* **memory** -- an estimate per training GPU; see `Memory` and `estimate_memory`;
+* **reader round** -- the worst-case wall time of one tool round when readers hang or fail:
+  ``reader_timeout_s x (reader_retries + 1) + backoff``; see `ReaderRound`.
 
 Budget decision (documented, tested): the plan **refuses** a ``max_completion_length`` smaller than a
 rollout that uses all ``max_turns`` rounds at the per-turn cap needs. TRL would not crash: it silently
@@ -48,6 +50,8 @@ __all__ = [
     "ModelShape",
     "Plan",
     "PlanError",
+    "ReaderRound",
+    "check_batch",
     "estimate_memory",
     "format_plan",
     "make_plan",
@@ -355,10 +359,58 @@ class Plan:
     memory: Memory
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    reader_round: ReaderRound | None = None
 
     @property
     def fits(self) -> bool:
         return not self.errors
+
+
+@dataclass(frozen=True)
+class ReaderRound:
+    """The worst case of one tool round's reader requests (all in flight together).
+
+    A request that never answers costs ``timeout_s`` per attempt, ``retries + 1`` attempts, with
+    `OpenAIReaderFleet`'s backoff before each retry (``backoff_s``, doubled each time):
+    ``worst_case_s = timeout_s * (retries + 1) + backoff_s * (2**retries - 1)``. Requests past
+    ``concurrency`` wait for a free slot, so a round with more requests than that can take a multiple.
+
+    Attributes:
+        kind: ``lexical`` (in-process, no network wait), ``http`` (reader servers) or ``hmars``
+            (the HMARS selector/answerer backends, ``backend_timeout_s`` / ``backend_retries``).
+    """
+
+    kind: str
+    timeout_s: float
+    retries: int
+    backoff_s: float
+    concurrency: int
+
+    @property
+    def worst_case_s(self) -> float:
+        if self.kind == "lexical":
+            return 0.0
+        return self.timeout_s * (self.retries + 1) + self.backoff_s * (2**self.retries - 1)
+
+
+def _fleet_backoff_s() -> float:
+    """`OpenAIReaderFleet`'s default backoff (read from its signature, so the plan cannot drift from it)."""
+    import inspect
+
+    from coordrl.rollout.openai_fleet import OpenAIReaderFleet
+
+    return float(inspect.signature(OpenAIReaderFleet).parameters["backoff_s"].default)
+
+
+def reader_round(cfg: TrainConfig) -> ReaderRound:
+    """The run's `ReaderRound` from ``reader_timeout_s`` / ``reader_retries`` (HMARS: its backend settings)."""
+    c = cfg.coord
+    if c.protocol == "hmars":
+        h = c.hmars or {}
+        return ReaderRound("hmars", float(h.get("backend_timeout_s", 60.0)), int(h.get("backend_retries", 3)),
+                           _fleet_backoff_s(), int(h.get("backend_concurrency", 64)))  # fmt: skip
+    kind = "lexical" if c.readers.strip() == "lexical" else "http"
+    return ReaderRound(kind, c.reader_timeout_s, c.reader_retries, _fleet_backoff_s(), c.reader_concurrency)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -503,6 +555,27 @@ def _batch(cfg: TrainConfig, layout: Layout, errors: list[str]) -> Batch:
         optimizer_steps_per_generation=spg * iters / ga, vllm_max_num_seqs=max_num_seqs,
         eval_completions_per_batch=eval_per_batch, max_steps=int(_g(g, "max_steps")),
     )  # fmt: skip
+
+
+def check_batch(cfg: TrainConfig, num_processes: int = 1) -> Batch:
+    """TRL's batch arithmetic for ``num_processes`` training processes, checked before TRL checks it.
+
+    Raises `coordrl.train.config.ConfigError` naming the fields to change (TRL's own error only says
+    which numbers do not divide).
+    """
+    from coordrl.train.config import ConfigError
+
+    g = cfg.grpo
+    use_vllm, mode = bool(_g(g, "use_vllm")), str(_g(g, "vllm_mode"))
+    generation = f"vllm-{mode}" if use_vllm else "transformers"
+    tp = int(_g(g, "vllm_tensor_parallel_size")) if generation == "vllm-colocate" else 1
+    layout = Layout("cpu" if bool(_g(g, "use_cpu")) else "cuda", 0, 1, [], [], [], max(num_processes, 1), generation, tp,
+                    cfg.coord.deepspeed_stage, cfg.coord.deepspeed_offload)  # fmt: skip
+    errors: list[str] = []
+    batch = _batch(cfg, layout, errors)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return batch
 
 
 def prompt_tokens_estimate(protocol: str = "parser", system_prompt: str | None = None) -> int:
@@ -719,7 +792,7 @@ def make_plan(
                     f"the {batch.vllm_max_num_seqs} it may run at once; vLLM queues the rest (rollouts rarely reach "
                     "the full budget)"
                 )
-    plan = Plan(cfg.source, c.model, shape, layout, batch, budget, memory, warnings, errors)
+    plan = Plan(cfg.source, c.model, shape, layout, batch, budget, memory, warnings, errors, reader_round(cfg))
     if check and errors:
         raise PlanError("; ".join(errors), plan)
     return plan
@@ -811,6 +884,18 @@ def format_plan(plan: Plan) -> str:
                    "sequences per GPU")  # fmt: skip
     if mem.cpu_offload_per_process:
         out.append(f"  CPU offload           {mem.cpu_offload_per_process / GIB:.1f} GB host memory per process")
+    rr = plan.reader_round
+    if rr is not None:
+        out += ["", "[reader round]  (worst case of one tool round when readers hang or fail)"]
+        if rr.kind == "lexical":
+            out.append("  readers       lexical (in process): no network timeouts")
+        else:
+            names = ("backend_timeout_s", "backend_retries") if rr.kind == "hmars" else ("reader_timeout_s", "reader_retries")
+            out += [
+                f"  {names[0]:<17} {rr.timeout_s:g} s per attempt;  {names[1]} {rr.retries};  backoff {rr.backoff_s:g} s doubling",
+                (f"  worst case    {rr.timeout_s:g} x ({rr.retries}+1) + {rr.backoff_s:g} x (2^{rr.retries} - 1) = "
+                 f"{rr.worst_case_s:.1f} s per round (up to {rr.concurrency} requests in flight)"),
+            ]
     if plan.warnings:
         out += ["", "[warnings]"] + [f"  - {w}" for w in plan.warnings]
     if plan.errors:

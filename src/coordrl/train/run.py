@@ -4,6 +4,12 @@ The same environment (`ParserEnvFactory`), prompts (`coordrl.envs.prompts`) and 
 evaluation and inference. Checkpoints land in ``<output_dir>/checkpoint-<step>/`` and record the
 config, protocol, prompts and reader settings (``coordrl_train.json``); a ``COMPLETE`` marker is
 written last, and ``--resume`` continues from the newest complete checkpoint.
+
+The output folder is owned by one run at a time (`coordrl.rundir.RunLock` on rank 0). A fresh run
+into a folder that holds another run's checkpoints, final model or traces is refused unless it
+resumes (``--resume``) or replaces them (``--overwrite`` deletes them first, so nothing stale is ever
+resumed). Resuming from ``checkpoint-N`` drops the trace rows of steps >= N (and a torn last line):
+the resumed run writes those steps again, so a trace file holds each step once.
 """
 
 from __future__ import annotations
@@ -11,17 +17,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import sys
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.rundir import RunLock, rewrite_jsonl
 from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
 
 COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_META = "coordrl_train.json"
 TINY_MODEL = "coordrl:tiny-qwen3"
 WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world (issue 7)
+DEFAULT_OUTPUT_DIR = "runs/coordrl"
 
 
 def cache_dir() -> Path:
@@ -39,7 +50,33 @@ def resolve_model(spec: str) -> str:
         return str(path)
     if spec == WORLD_MODEL:
         return str(Path(__file__).resolve().parents[1] / "resources" / "warm_start")
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        return spec
+    if folder.exists():
+        raise ConfigError(f"model: {spec} is a file; give a model folder or a hub id")
+    if spec.startswith(("/", ".", "~")) or not _HUB_ID.fullmatch(spec):
+        raise ConfigError(f"model: no such folder {spec} (and not a hub id of the form org/name)")
     return spec
+
+
+# A Hugging Face hub id: ``org/name`` or a bare ``name``.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def _load_policy(model_path: str, spec: str):
+    """The policy's tokenizer and model; a hub id that cannot be loaded is a `ConfigError` naming it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, use_safetensors=True, dtype="auto")
+    except (OSError, ValueError) as e:
+        if Path(model_path).is_dir():
+            raise ConfigError(f"model: cannot load {model_path}: {str(e).splitlines()[0]}") from None
+        offline = " (offline: HF_HUB_OFFLINE is set, so only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ConfigError(f"model: {spec!r} is not a local folder and could not be loaded from the hub{offline}; give a model folder") from None
+    return tokenizer, model
 
 
 def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None):
@@ -193,24 +230,26 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         trainer_cls: a `CoordGRPOTrainer` subclass to use instead (tests, benchmarks).
         fleet: a reader fleet to use instead of the one the config describes.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
     from coordrl.envs.parser import ParserEnvFactory
+    from coordrl.train.plan import check_batch
     from coordrl.train.reward import EpisodeReward
     from coordrl.train.trainer import CoordGRPOTrainer
 
     _secret_safe_env()
     grpo_kwargs = dict(cfg.grpo)
-    grpo_kwargs.setdefault("output_dir", "runs/coordrl")
+    grpo_kwargs.setdefault("output_dir", DEFAULT_OUTPUT_DIR)
     output_dir = Path(grpo_kwargs["output_dir"])
     if "report_to" in grpo_kwargs and "wandb" in str(grpo_kwargs["report_to"]):
         os.environ.setdefault("WANDB_DIR", str(output_dir))
         os.environ.setdefault("WANDB_PROJECT", "coordrl")
-    args = GRPOConfig(**grpo_kwargs)
+    # The plan's batch arithmetic names the fields to change; TRL's own check (in GRPOConfig) only
+    # says what is not divisible.
+    check_batch(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     model_path = resolve_model(cfg.coord.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, use_safetensors=True, dtype="auto")
+    args = GRPOConfig(**grpo_kwargs)
+    tokenizer, model = _load_policy(model_path, cfg.coord.model)
     from accelerate import PartialState
 
     # Rank 0 builds an on-the-fly dataset; the other ranks wait and then read it.
@@ -245,19 +284,82 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     return trainer
 
 
-def train(cfg: TrainConfig, resume: bool = False, **build_kwargs: Any) -> Path:
-    """Train; returns the output folder. ``resume`` continues from the newest complete checkpoint."""
-    trainer = build_trainer(cfg, **build_kwargs)
-    output_dir = Path(trainer.args.output_dir)
-    checkpoint = None
-    if resume:
-        checkpoint = latest_complete_checkpoint(output_dir)
-        if checkpoint is None:
-            raise ConfigError(f"--resume: no complete checkpoint in {output_dir}")
-        print(f"resuming from {checkpoint}")
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    trainer.save_model(str(output_dir / "final"))
-    meta = checkpoint_metadata(cfg, str(output_dir / "final"))
-    (output_dir / "final" / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    (output_dir / "final" / COMPLETE_MARKER).write_text("final\n")
+def _is_main_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def previous_run(output_dir: Path) -> list[str]:
+    """What another run left in ``output_dir``: checkpoint folders, ``final``, non-empty trace files."""
+    if not output_dir.is_dir():
+        return []
+    found = sorted(
+        (p.name for p in output_dir.iterdir() if p.is_dir() and (re.fullmatch(r"checkpoint-\d+", p.name) or p.name == "final")),
+        key=lambda n: (n == "final", int(n.split("-")[1]) if n != "final" else 0),
+    )
+    traces = output_dir / "traces"
+    if traces.is_dir() and any(p.stat().st_size for p in traces.glob("*.jsonl")):
+        found.append("traces/")
+    return found
+
+
+def _clear_previous_run(output_dir: Path) -> None:
+    """``--overwrite``: delete the old run's checkpoints, final model, traces and config (built data stays)."""
+    for p in list(output_dir.iterdir()):
+        if p.is_dir() and (re.fullmatch(r"checkpoint-\d+", p.name) or p.name in ("final", "traces")):
+            shutil.rmtree(p)
+    (output_dir / "coordrl_config.json").unlink(missing_ok=True)
+
+
+def _trim_traces(output_dir: Path, step: int) -> int:
+    """Drop this rank's trace rows of steps >= ``step`` (the resumed run writes them again); returns the count."""
+    path = output_dir / "traces" / f"rank{int(os.environ.get('RANK', '0'))}.jsonl"
+    return rewrite_jsonl(path, lambda row: not isinstance(row.get("step"), int) or row["step"] < step)
+
+
+def train(cfg: TrainConfig, resume: bool = False, *, overwrite: bool = False, break_lock: bool = False, **build_kwargs: Any) -> Path:
+    """Train; returns the output folder.
+
+    Args:
+        resume: continue from the newest complete checkpoint (its later trace rows are dropped).
+        overwrite: delete another run's checkpoints, final model and traces in ``output_dir`` first
+            (default False: such a folder is refused with a `ConfigError`).
+        break_lock: take over a lock another host left on ``output_dir`` (see `coordrl.rundir`).
+        build_kwargs: passed to `build_trainer`.
+
+    Raises:
+        ConfigError: ``resume`` and ``overwrite`` together, nothing to resume, or a folder holding
+            another run. `coordrl.rundir.RunDirError`: the folder is in use or cannot be written.
+    """
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: continue the run in output_dir, or replace it")
+    output_dir = Path(cfg.grpo.get("output_dir", DEFAULT_OUTPUT_DIR))
+    # Rank 0 owns the folder for the whole run; the other ranks write only their own trace files.
+    lock = RunLock(output_dir, what="output_dir", break_lock=break_lock) if _is_main_rank() else nullcontext()
+    with lock:
+        checkpoint = None
+        if resume:
+            checkpoint = latest_complete_checkpoint(output_dir)
+            if checkpoint is None:
+                raise ConfigError(f"--resume: no complete checkpoint in {output_dir}")
+            step = int(checkpoint.name.split("-")[1])
+            dropped = _trim_traces(output_dir, step)
+            note = f"; dropped {dropped} trace row(s) of steps >= {step}" if dropped else ""
+            print(f"resuming from {checkpoint}{note}", file=sys.stderr)
+        else:
+            found = previous_run(output_dir)
+            if found and overwrite:
+                if _is_main_rank():
+                    _clear_previous_run(output_dir)
+                print(f"--overwrite: deleted {', '.join(found)} of the previous run in {output_dir}", file=sys.stderr)
+            elif found:
+                raise ConfigError(
+                    f"output_dir {output_dir} holds another run ({', '.join(found)}); pass --resume to continue it "
+                    "or --overwrite to delete its checkpoints, final model and traces first"
+                )
+        trainer = build_trainer(cfg, **build_kwargs)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        trainer.save_model(str(output_dir / "final"))
+        meta = checkpoint_metadata(cfg, str(output_dir / "final"))
+        (output_dir / "final" / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        (output_dir / "final" / COMPLETE_MARKER).write_text("final\n")
     return output_dir
