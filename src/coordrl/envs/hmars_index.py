@@ -662,7 +662,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
         writer_model=args.writer_model,
         writer_api_key_env=args.writer_api_key_env,
     )
-    stats = build_indexes(args.data, args.cache, settings, args.concurrency, limit=args.limit)
+    from coordrl.rundir import RunLock
+
+    # One indexing run per cache folder: two would build the same keys and race on their files.
+    with RunLock(args.cache, what="--cache", break_lock=args.break_lock):
+        stats = build_indexes(args.data, args.cache, settings, args.concurrency, limit=args.limit)
     print(
         f"indexed {stats['total']} samples into {args.cache}: {stats['built']} built, {stats['cached']} cached, "
         f"{stats['failed']} failed; writer calls {stats['writer_calls']}, parse failures {stats['parse_failures']}, "
@@ -687,5 +691,6 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--tokenizer", default=None, help="tokenizer for pages (default: shipped coordrl tokenizer; use the policy's)")
     p.add_argument("--concurrency", type=int, default=4, help="documents in flight (default 4)")
     p.add_argument("--limit", type=int, default=None, help="index only the first N samples")
+    p.add_argument("--break-lock", action="store_true", help="take over --cache's lock left by a run on another host")
     p.set_defaults(func=_cmd_index)
     return p
