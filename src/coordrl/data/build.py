@@ -164,7 +164,10 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
         raise DataError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
+        raise DataError(f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder") from None
     return partial
 
 

@@ -543,7 +543,10 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
     results_md = _find_eval(src, eval_dir)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
+        raise PolicyError(f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder") from None
     try:
         kind, files = model_weights(src)
         if kind == "adapter":
