@@ -66,7 +66,7 @@ def grpo(seed: int, minutes: float, out: Path, warm: Path, overrides: dict[str, 
     limits = {"max_steps": str(steps), "max_train_minutes": "null"} if steps else {"max_train_minutes": str(minutes)}
     cfg = load_config(CONFIG, {"model": str(warm), "seed": str(seed), "output_dir": str(out), **limits, **overrides})
     t0 = time.time()
-    train(cfg, trainer_cls=Recording)
+    train(cfg, overwrite=True, trainer_cls=Recording)  # a rerun replaces this benchmark's own earlier run
     history = [h for h in seen[0].state.log_history if "reward" in h]
     return out / "final", history, time.time() - t0
 

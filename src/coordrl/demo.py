@@ -80,7 +80,7 @@ def world_part(out: Path, summary: dict[str, Any], *, minutes: float, n_eval: in
     run_dir = out / "grpo"
     cfg = load_config(CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_train_minutes": str(minutes), "disable_tqdm": "true"})
     t = time.perf_counter()
-    train(cfg, trainer_cls=_reward_printing_trainer())
+    train(cfg, overwrite=True, trainer_cls=_reward_printing_trainer())  # a rerun replaces the demo's own earlier run
     summary["world_grpo_s"] = time.perf_counter() - t
 
     _rule(4, "the trained policy on the same held-out questions")
@@ -186,7 +186,7 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
 
     run_dir = out / "grpo"
     cfg = load_config(CONFIGS / "tiny_cpu.yaml", {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
-    train(cfg)
+    train(cfg, overwrite=True)  # a rerun replaces the demo's own earlier run
     rewards = [h["reward"] for h in _log_history(run_dir) if "reward" in h]
     print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
     print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
