@@ -9,6 +9,7 @@ a scripted broadcast (parsed by TRL through the same `StepEnv`) checks K > 1 reg
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,111 @@ def test_answer_cli_takes_hmars_overrides(export_dir, row, tmp_path, capsys):
     assert main([*args, "--hmars", "no_such_setting=1"]) == 2
     assert "unknown HMARS setting" in capsys.readouterr().err
     assert main([*args, "--readers", "http://127.0.0.1:9"]) == 2  # PARSER readers do not apply to a mid-agent
+
+
+# -- what the frozen roles and the served mid-agent receive (RecordingServer) -------------------
+
+_SUB = re.compile(r"\bs(\d+)\b")
+
+
+def _scripted_mid_agent(tokenizer):
+    """Served-policy replies: one broadcast whose interpretation and per-sub-agent hints are marked."""
+
+    def respond(body: dict) -> list[int]:
+        prompt = tokenizer.decode(body["prompt"])
+        if "<tool_response>" in prompt:
+            text = "<answer>recorded</answer>"
+        else:
+            memory = prompt.rsplit("Question: ", 1)[-1]
+            hints = {f"s{n}": f"HINT-s{n}" for n in sorted(set(_SUB.findall(memory)), key=int)}
+            call = {"name": "broadcast", "arguments": {"interpretation": "INTERP-MARK", "hints": hints}}
+            text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    return respond
+
+
+def _assert_hmars_roles_saw_their_inputs(server, tokenizer, row) -> None:
+    from coordrl.rollout.reader_prompt import sanitize_reader_text
+    from recording_server import user_text
+
+    context = sanitize_reader_text(row["context"])
+    question = sanitize_reader_text(row["question"])
+    prompts = [tokenizer.decode(b["prompt"]) for b in server.bodies("policy")]
+    sent_hints = {h for p in prompts for h in (f"HINT-s{n}" for n in _SUB.findall(p.rsplit("Question: ", 1)[-1]))}
+    assert prompts and all(row["question"] in p and "broadcast" in p for p in prompts)  # question + tool schema
+    selectors = [user_text(b) for b in server.bodies("selector")]
+    assert selectors, server.roles()
+    got_hints, first_pages = set(), []
+    for text in selectors:
+        assert text.startswith(f"Question: {question}\n\nMid-agent interpretation: INTERP-MARK\n\n")
+        got_hints.update(re.findall(r"Hint for you: (HINT-s\d+)", text))
+        pages = re.findall(r"\[page (\d+)\]\n(.*?)(?=\n\n\[page \d+\]\n|\Z)", text.split("Your pages:\n\n", 1)[1], re.DOTALL)
+        assert pages and all(len(body) > 100 and body.removesuffix(" [...]") in context for _, body in pages)
+        first_pages.append(pages[0][1].removesuffix(" [...]"))
+    assert got_hints == sent_hints and len(got_hints) == len(selectors)  # each sub-agent got its own hint
+    (answer,) = [user_text(b) for b in server.bodies("answerer")]
+    assert answer.endswith(f"\n\nQuestion: {question}") and "(no evidence pages were selected)" not in answer
+    assert all(page[:500] in answer for page in first_pages)  # the pages the selectors chose are the evidence
+
+
+def _role_flags(url: str) -> list[str]:
+    flags = []
+    for role in ("selector", "answerer"):
+        flags += ["--hmars", f"{role}={url}", "--hmars", f"{role}_model=recorded", "--hmars", f"{role}_api_key_env=null"]
+    return flags
+
+
+def test_roles_receive_interpretation_hints_pages_and_evidence_answer_cli(export_dir, row, tmp_path, capsys):
+    from recording_server import RecordingServer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    doc = tmp_path / "doc.txt"
+    doc.write_text(row["context"], encoding="utf-8")
+    with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
+        args = ["answer", "--policy", str(export_dir), "--policy-url", server.url, "--document", str(doc), "--question", row["question"]]
+        assert main([*args, "--hmars", "group_size=2", *_role_flags(server.url), "--json"]) == 0, capsys.readouterr().err
+        _assert_hmars_roles_saw_their_inputs(server, tokenizer, row)
+    out = json.loads(capsys.readouterr().out)
+    assert out["answer"] == "recorded" and out["info"]["regions"] > 1
+
+
+def test_roles_receive_interpretation_hints_pages_and_evidence_eval_cli(export_dir, sweep, row, tmp_path):
+    from recording_server import RecordingServer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
+        out = tmp_path / "eval"
+        args = ["eval", "--policy", str(export_dir), "--policy-url", server.url, "--data", str(sweep / "length-00040"), "--out", str(out)]
+        assert main([*args, *EVAL_FLAGS, *_role_flags(server.url)]) == 0
+        _assert_hmars_roles_saw_their_inputs(server, tokenizer, row)
+    metrics = json.loads((out / "results.json").read_text())["overall"]
+    assert metrics["failed"] == 0 and metrics["em"] == 0.0  # "recorded" is not the gold answer
+    assert metrics["selector_errors"] == metrics["answerer_errors"] == metrics["answerer_parse_failures"] == 0
+    assert "selector errors" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(("selector_fault", "answerer_fault"), [("garbage", "not_json"), ("empty", "http500"), ("not_json", "garbage")])
+def test_failing_roles_are_counted_per_role(export_dir, row, tmp_path, capsys, selector_fault, answerer_fault):
+    from recording_server import RecordingServer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    doc = tmp_path / "doc.txt"
+    doc.write_text(row["context"], encoding="utf-8")
+    with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
+        server.faults = {"selector": selector_fault, "answerer": answerer_fault}
+        args = ["answer", "--policy", str(export_dir), "--policy-url", server.url, "--document", str(doc), "--question", row["question"]]
+        code = main([*args, "--hmars", "group_size=2", "--hmars", "backend_retries=0", *_role_flags(server.url), "--json"])
+        assert server.bodies("selector") and server.bodies("answerer")  # the prompts were real even though the replies were not
+    out = json.loads(capsys.readouterr().out)
+    info = out["info"]
+    calls = info["selector_calls"]
+    unparsed = selector_fault == "garbage"  # a 200 reply without the JSON object: parsed, failed, pages chosen lexically
+    assert (info["selector_errors"], info["selector_parse_failures"]) == ((0, calls) if unparsed else (calls, 0))
+    answered = answerer_fault == "garbage"
+    assert (info["answerer_errors"], info["answerer_parse_failures"]) == ((0, 1) if answered else (1, 0))
+    assert code == (0 if answered else 1) and (out["answer"] is not None) == answered
+    assert info["backend_errors"] == info["selector_errors"] + info["answerer_errors"]

@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 MODES = ("full", "dispatch", "no_mid")
+# Failures of the frozen model roles, counted per role: the endpoint failed after its retries
+# (HTTP error, timeout, empty or non-JSON body), or its reply could not be parsed.
+ROLE_ERROR_KEYS = ("selector_errors", "selector_parse_failures", "answerer_errors", "answerer_parse_failures")
 _SUB_ID = re.compile(r"^\s*(?:s|sub[-_ ]?agent[-_ ]?)?(\d{1,6})\s*$", re.IGNORECASE)
 
 
@@ -275,6 +278,11 @@ class _Episode:
     tool_errors: dict[str, int] = field(default_factory=dict)
     backend_errors: int = 0
     parse_failures: int = 0
+    # Per role, so a broken selector or answer endpoint shows up by name in episode info and tables.
+    selector_errors: int = 0
+    selector_parse_failures: int = 0
+    answerer_errors: int = 0
+    answerer_parse_failures: int = 0
     selector_calls: int = 0
     answer_calls: int = 0
     endpoint_calls: int = 0
@@ -383,6 +391,7 @@ class MidAgentEnv:
             "tool_errors": sum(ep.tool_errors.values()),
             "backend_errors": ep.backend_errors,
             "parse_failures": ep.parse_failures,
+            **{k: getattr(ep, k) for k in ROLE_ERROR_KEYS},
             "gold_in_region": self._gold_in_region(),
         }
 
@@ -505,6 +514,8 @@ class MidAgentEnv:
         for sel in selections:
             ep.selector_calls += 1
             ep.endpoint_calls += int(sel.model_call)
+            ep.selector_errors += int(not sel.ok)
+            ep.selector_parse_failures += int(sel.parse_failed)
             ep.backend_errors += int(not sel.ok)
             ep.parse_failures += int(sel.parse_failed)
             ep.selections[sel.subagent] = sel
@@ -527,6 +538,8 @@ class MidAgentEnv:
         answer = await shared_loop().run_async(self._backends.answer(self._question, pages, messages))
         ep.answer_calls += 1
         ep.endpoint_calls += int(answer.model_call)
+        ep.answerer_errors += int(not answer.ok)
+        ep.answerer_parse_failures += int(answer.parse_failed)
         ep.backend_errors += int(not answer.ok)
         ep.parse_failures += int(answer.parse_failed)
         ep.answer = answer.text if answer.ok else None
@@ -688,6 +701,7 @@ async def _answer_regions(envs: Sequence[MidAgentEnv], regions: list[dict[str, A
         "tool_errors": sum(r["tool_errors"] for r in regions),
         "backend_errors": sum(env._ep.backend_errors for env in envs),
         "parse_failures": sum(env._ep.parse_failures for env in envs),
+        **{k: sum(getattr(env._ep, k) for env in envs) for k in ROLE_ERROR_KEYS},
         "regions_failed": sum(1 for r in regions if r.get("error")),
     }
     return MultiRegionResult(

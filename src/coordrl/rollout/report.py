@@ -46,6 +46,7 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("latency_p50_s", "latency p50 (s)", _num(2)),
     ("latency_p95_s", "latency p95 (s)", _num(2)),
     ("gold_coverage", "gold coverage", _pct),
+    ("reader_errors", "reader errors", _int),
     ("failed", "failed", _int),
 ]
 # hmars policies: accuracy beside the HMARS evidence metrics (PARSER's reader columns mean nothing there).
@@ -58,6 +59,11 @@ HMARS_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = COLUMNS[:6] + [  # 
     ("lead_prompt_tokens", "policy prompt tokens", _int),
     ("latency_p50_s", "latency p50 (s)", _num(2)),
     ("latency_p95_s", "latency p95 (s)", _num(2)),
+    # Frozen-role failures (totals): endpoint errors, and replies that could not be parsed.
+    ("selector_errors", "selector errors", _int),
+    ("selector_parse_failures", "selector unparsed", _int),
+    ("answerer_errors", "answerer errors", _int),
+    ("answerer_parse_failures", "answerer unparsed", _int),
     ("failed", "failed", _int),
 ]
 _SHORT = {"sub_em": "sub_em", "guarded_sub_em": "guarded", "em": "EM", "f1": "F1"}
