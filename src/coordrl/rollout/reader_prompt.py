@@ -6,9 +6,10 @@ token prefix and a vLLM server with prefix caching computes a chunk's KV cache o
 once per query.
 
 The passage is untrusted document text. Chat/tool markers inside it (``<tool_call>``,
-``<|im_end|>``, ...) are neutralised both in the prompt (so a document cannot close the user turn
-or open a fake one) and in every answer (so a reader's answer can never be parsed as a tool call
-by the lead agent's parser).
+``<|im_end|>``, ...) and the answer tags (``<answer>``, ``</answer>``) are neutralised both in the
+prompt (so a document cannot close the user turn or open a fake one) and in every answer (so a
+reader's answer can never be parsed as a tool call by the lead agent's parser, and a lead that
+quotes a finding in its final message cannot have its answer written by the document).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ READER_INSTRUCTIONS = (
 # <think> blocks into answers. Servers that do not know the key ignore it.
 READER_CHAT_TEMPLATE_KWARGS: dict[str, bool] = {"enable_thinking": False}
 
-# Qwen3 chat/tool markers that a tool-call parser or a chat template gives meaning to, with any
-# inner spacing and either case so that near-miss spellings are neutralised too.
+# Qwen3 chat/tool markers that a tool-call parser or a chat template gives meaning to, and the
+# answer tags the answer extractor reads, with any inner spacing and either case so that near-miss
+# spellings are neutralised too.
 _MARKER = re.compile(
-    r"<(\s*/?\s*(?:tool_call|tool_response|tools|think)\s*)>"
+    r"<(\s*/?\s*(?:tool_call|tool_response|tools|think|answer)\s*)>"
     r"|<(\|\s*(?:im_start|im_end|endoftext)\s*\|)>",
     re.IGNORECASE,
 )
@@ -52,11 +54,12 @@ def _neutralise(match: re.Match[str]) -> str:
 
 
 def sanitize_reader_text(text: str) -> str:
-    """Neutralise chat and tool-call markers in ``text``.
+    """Neutralise chat, tool-call and answer markers in ``text``.
 
     ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<tools>``,
-    ``<think>``, ``</think>``, ``<|im_start|>``, ``<|im_end|>`` and ``<|endoftext|>`` (any case,
-    inner whitespace allowed) become ``‹tool_call›``, ``‹|im_end|›`` and so on. Everything else is
+    ``<think>``, ``</think>``, ``<answer>``, ``</answer>``, ``<|im_start|>``, ``<|im_end|>`` and
+    ``<|endoftext|>`` (any case, inner whitespace allowed) become ``‹tool_call›``, ``‹/answer›``,
+    ``‹|im_end|›`` and so on. Everything else is
     left unchanged, and applying the function twice gives the same result as applying it once.
     """
     if "<" not in text:  # the common case costs one scan
