@@ -1,6 +1,6 @@
 """The README's main job on embedded defaults: offline, CPU, about ten minutes.
 
-Part 1, learning (issue 7): start from the kept warm start (a tiny Qwen3 taught the tool protocol on
+Part 1, learning: start from the kept warm start (a tiny Qwen3 taught the tool protocol on
 the synthetic multi-hop world, `coordrl.data.world`), evaluate it on held-out questions, train it
 with GRPO through `coordrl train` (`configs/world_cpu.yaml`, reward printed as it rises), evaluate
 again, export the policy and answer a held-out question with it through the inference API.

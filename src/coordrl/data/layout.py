@@ -1,4 +1,4 @@
-"""Paragraph text and the "Document i:" context layout (MemAgent Stage-I, REFERENCE.md section 2).
+"""Paragraph text and the "Document i:" context layout (the MemAgent Stage-I layout).
 
 Paragraph text is the title, a newline, then the sentences concatenated as given. HotpotQA sentences
 carry their own leading spaces; 2WikiMultiHopQA ones do not, so a space is inserted only where two

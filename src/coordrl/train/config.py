@@ -52,7 +52,7 @@ class CoordConfig(ParserEnvConfig):
         tool_concurrency: run each tool round's calls for all rollouts concurrently (TRL runs them
             one after another); off only for comparison.
         mask_observations: keep tool-response (observation) tokens out of the loss (default True);
-            off only as an ablation (issue 7's learning check).
+            off only as an ablation (the learning check's).
         lockstep: keep all ranks in step through the tool loop (needed with vLLM server mode,
             tensor-parallel colocate or ZeRO-3 generation).
         traces: write JSONL rollout traces to ``<output_dir>/traces/``.

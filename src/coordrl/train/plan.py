@@ -493,7 +493,7 @@ def _layout(cfg: TrainConfig, num_processes: int | None, gpus_per_node: int, num
             errors.append(f"vllm_tensor_parallel_size ({tp}) must divide the number of training processes ({num_processes})")
         elif len(training) % tp:
             errors.append(f"vllm_tensor_parallel_size ({tp}) must divide the training GPUs per node ({len(training)})")
-    # REFERENCE.md section 3: these modes run collectives inside every tool round, so ranks whose rollouts
+    # In TRL, these modes run collectives inside every tool round, so ranks whose rollouts
     # need different numbers of rounds hang unless coordrl keeps them in lockstep.
     needs_lockstep = generation == "vllm-server" or tp > 1 or (stage == 3 and generation == "transformers")
     if needs_lockstep and not c.lockstep and num_processes > 1:

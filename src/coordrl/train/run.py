@@ -31,7 +31,7 @@ from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
 COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_META = "coordrl_train.json"
 TINY_MODEL = "coordrl:tiny-qwen3"
-WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world (issue 7)
+WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world
 DEFAULT_OUTPUT_DIR = "runs/coordrl"
 
 
