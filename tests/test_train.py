@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coordrl.cli import main
 from coordrl.testing import LatencyInjectingFleet, scripted_trainer_class
 from coordrl.train.config import ConfigError, load_config
 from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, build_trainer, latest_complete_checkpoint
@@ -32,7 +33,7 @@ def test_config_rejects_unknown_keys_and_types(tmp_path):
         load_config(TINY, {"num_generations": "four"})
     with pytest.raises(ConfigError, match="disagree"):
         load_config(TINY, {"max_tool_calling_iterations": "5"})
-    c = load_config(TINY, {"max_steps": "2", "bf16": "false", "readers": "http://a:1,http://b:2"})
+    c = load_config(TINY, {"max_steps": "2", "bf16": "false", "readers": "http://a:1,http://b:2", "reader_model": "m"})
     assert c.grpo["max_steps"] == 2 and c.grpo["bf16"] is False and c.coord.readers == "http://a:1,http://b:2"
     assert c.grpo["max_tool_calling_iterations"] == c.coord.max_turns == 3
 
@@ -145,11 +146,33 @@ def test_resume_after_kill_keeps_the_data_order(tmp_path):
 
     a, b = ids_by_step(full), ids_by_step(part)
     assert sorted(a) == [0, 1, 2, 3]
-    # Steps 0-1 come from the killed run, 2-3 from the resumed one (a killed step 2 may have left
-    # a partial record before the kill; the resumed run recomputes it).
-    assert a[0] == b[0] and a[1] == b[1]
-    assert a[2] == b[2][-len(a[2]) :] and a[3] == b[3]
+    # Steps 0-1 come from the killed run, 2-3 from the resumed one: the rows the killed run wrote
+    # past checkpoint-2 (and a torn last line) were dropped on resume, so each step is there once.
+    assert b == a
     assert (part / "final" / COMPLETE_MARKER).exists()
+
+
+def test_rerun_without_resume_is_refused_and_overwrite_clears_the_old_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--config", str(TINY), "--output_dir", str(run), "--max_steps", "1", "--eval_strategy", "no", "--eval_data", "null", "--report_to", "none"]
+    assert main([*args, "--max_steps", "2", "--save_steps", "1"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+    assert main(args) == 2  # 1 step into a 2-step run's folder
+    err = capsys.readouterr().err
+    assert "holds another run (checkpoint-1, checkpoint-2, final, traces/)" in err and "--resume" in err and "--overwrite" in err
+    assert main([*args, "--resume", "--overwrite"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+    # --overwrite deletes the old run before anything else (here the new run then stops at a config
+    # mistake), so nothing of it is resumed later.
+    assert main([*args, "--overwrite", "--per_device_train_batch_size", "3"]) == 2
+    assert "divisible by num_generations" in capsys.readouterr().err
+    assert not list(run.glob("checkpoint-*")) and not (run / "final").exists() and not (run / "traces").exists()
+    assert (run / "data" / "train" / "state.json").exists()  # the built sample data is kept
+    assert main([*args, "--resume"]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
 
 
 def test_two_ranks_with_different_round_counts_stay_in_lockstep(tmp_path):
