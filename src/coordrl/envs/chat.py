@@ -23,6 +23,8 @@ from trl.chat_template_utils import (
 )
 from trl.trainer.grpo_trainer import GRPOTrainer
 
+from coordrl.envs.tool_input import tool_call_too_deep
+
 _NOT_TOOLS = ("reset", "get_reward")
 
 
@@ -82,8 +84,24 @@ class ChatCodec:
         return GRPOTrainer._get_tool_suffix_ids(self._trl_view, list(tool_messages))
 
     def parse(self, completion_ids: Sequence[int], prefix_ids: Sequence[int], tools: Sequence[Callable[..., Any]] | None) -> dict[str, Any]:
-        """One assistant turn's ids -> ``{"role": "assistant", "content", ["tool_calls"]}`` (TRL's parser)."""
-        return parse_response(self.tokenizer, list(completion_ids), prefix=list(prefix_ids), tools=list(tools or []) or None)
+        """One assistant turn's ids -> ``{"role": "assistant", "content", ["tool_calls"]}`` (TRL's parser).
+
+        A turn whose tool-call JSON nests deeper than `coordrl.envs.tool_input.MAX_TOOL_CALL_DEPTH`
+        is not handed to the parser (Python's JSON decoder would raise RecursionError, which TRL
+        does not catch): it becomes what TRL makes of any malformed tool call, the decoded text
+        with no ``tool_calls``.
+        """
+        ids = list(completion_ids)
+        if tool_call_too_deep(self.tokenizer.decode(ids, skip_special_tokens=False)):
+            return self._unparsed(ids)
+        try:
+            return parse_response(self.tokenizer, ids, prefix=list(prefix_ids), tools=list(tools or []) or None)
+        except RecursionError:  # deep nesting in a tool-call format the scan above does not know
+            return self._unparsed(ids)
+
+    def _unparsed(self, ids: list[int]) -> dict[str, Any]:
+        # TRL's own fallback for a turn its parser rejects (trl.chat_template_utils.parse_response).
+        return {"role": "assistant", "content": self.tokenizer.decode(ids, skip_special_tokens=True)}
 
     def encode_turn(self, text: str) -> list[int]:
         """Ids of an assistant turn given as text, ended with EOS as a generated turn would be."""

@@ -39,7 +39,12 @@ from coordrl.envs.hmars_index import (
     parse_json_object,
 )
 from coordrl.envs.hmars_prompts import answer_messages, hmars_prompt, selector_messages
-from coordrl.envs.parser import ToolInputError
+from coordrl.envs.tool_input import (
+    ToolInputError,
+    check_text,
+    safe_str,
+    tool_call_too_deep,
+)
 from coordrl.rewards.extract import extract_answer
 from coordrl.rewards.metrics import exact_match, f1_score
 from coordrl.rollout.lexical import LexicalReader, content_words, split_chunk_sentences
@@ -352,7 +357,7 @@ class MidAgentEnv:
             The pages each sub-agent selected and the answer model's answer.
         """
         try:
-            interp, by_sub = self._validate(interpretation, hints)
+            interp, by_sub = self._checked(interpretation, hints)
         except ToolInputError as err:
             self._ep.tool_errors[err.kind] = self._ep.tool_errors.get(err.kind, 0) + 1
             return f"Error: {err}"
@@ -442,7 +447,9 @@ class MidAgentEnv:
             raise ValueError(f"region {group} out of range: the document has {self._index.num_regions}")
         self._group = group
         self._ep = _Episode()
-        return self._index.region_text(group)
+        # Titles, entities and model-written summaries in the memory are document text: data, never
+        # markers (a title cannot close the prompt's user turn or carry an answer tag).
+        return sanitize_reader_text(self._index.region_text(group))
 
     @property
     def _region_subagents(self) -> list[int]:
@@ -454,6 +461,16 @@ class MidAgentEnv:
         docs = {d for s in self._region_subagents for p in self._index.subagent_pages[s] for d in self._index.pages[p].documents}
         return len(self._gold_docs & docs) / len(self._gold_docs)
 
+    def _checked(self, interpretation: Any, hints: Any) -> tuple[str, dict[int, str]]:
+        """`_validate`, with any other exception (an argument object that breaks while being read)
+        turned into a `ToolInputError`: bad input is the policy's mistake, never a crash."""
+        try:
+            return self._validate(interpretation, hints)
+        except ToolInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            raise ToolInputError("unreadable", f"the arguments could not be read ({type(exc).__name__}); send a string and an object of strings") from None
+
     def _validate(self, interpretation: Any, hints: Any) -> tuple[str, dict[int, str]]:
         c = self._config
         if self._index is None:
@@ -462,7 +479,7 @@ class MidAgentEnv:
             raise ToolInputError("second_broadcast", "broadcast was already called in this episode and runs once; answer from its result")
         if not isinstance(interpretation, str):
             raise ToolInputError("wrong_type", f"interpretation must be a string, got {type(interpretation).__name__}")
-        interp = " ".join(interpretation.split())
+        interp = " ".join(check_text(interpretation, "interpretation").split())
         if not interp:
             raise ToolInputError("empty", "interpretation is empty; say what the question needs from this region")
         if len(interp) > c.max_interpretation_chars:
@@ -475,15 +492,20 @@ class MidAgentEnv:
         valid = ", ".join(f"s{i}" for i in sorted(region))
         by_sub: dict[int, str] = {}
         for raw_key, value in hints.items():
-            match = _SUB_ID.match(str(raw_key))
+            # Ids are strings in JSON; direct callers may pass small ints. Nothing else is printed:
+            # str() of a huge int raises, and of an arbitrary object may.
+            key = str(raw_key) if isinstance(raw_key, int) and not isinstance(raw_key, bool) and abs(raw_key) < 10**6 else raw_key
+            key = check_text(key, "a sub-agent id") if isinstance(key, str) else None
+            match = _SUB_ID.match(key) if key is not None else None
             if match is None or int(match.group(1)) not in region:
-                raise ToolInputError("unknown_subagent", f"unknown sub-agent id {str(raw_key)[:40]!r}; this region's sub-agents are {valid}")
+                shown = repr(key[:40]) if key is not None else f"of type {type(raw_key).__name__}"
+                raise ToolInputError("unknown_subagent", f"unknown sub-agent id {shown}; this region's sub-agents are {valid}")
             sub = int(match.group(1))
             if not isinstance(value, str):
                 raise ToolInputError("wrong_type", f"the hint for s{sub} must be a string, got {type(value).__name__}")
             if sub in by_sub:
                 raise ToolInputError("duplicate", f"two hints for s{sub}")
-            hint = " ".join(value.split())
+            hint = " ".join(check_text(value, f"the hint for s{sub}").split())
             if len(hint) > c.max_hint_chars:
                 raise ToolInputError("too_long", f"the hint for s{sub} has {len(hint)} characters; the limit is {c.max_hint_chars}")
             if hint:  # an empty hint is a missing hint: the interpretation stands in for it
@@ -550,7 +572,7 @@ class MidAgentEnv:
         lines = [f"{len(selections)} of {len(self._region_subagents)} sub-agents selected pages (mode {self._config.mode})."]
         for sel in selections:
             if not sel.ok:
-                lines.append(f"- s{sel.subagent}: unavailable (selector error: {str(sel.error)[:160]})")
+                lines.append(f"- s{sel.subagent}: unavailable (selector error: {sanitize_reader_text(safe_str(sel.error, 160))})")
             elif not sel.pages:
                 lines.append(f"- s{sel.subagent}: no page selected")
             else:
@@ -562,7 +584,7 @@ class MidAgentEnv:
         elif answer.ok:
             lines.append(f"Answer: {' '.join(sanitize_reader_text(answer.text).split()) or '(empty)'}")
         else:
-            lines.append(f"Answer model unavailable: {str(answer.error)[:160]}")
+            lines.append(f"Answer model unavailable: {sanitize_reader_text(safe_str(answer.error, 160))}")
         return "\n".join(lines)
 
     def _recall(self, pages: Sequence[int]) -> float:
@@ -627,6 +649,8 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 def parse_broadcast(text: str) -> dict[str, Any] | None:
     """Arguments of the first ``broadcast`` tool call in assistant text (``<tool_call>{json}</tool_call>``), or None."""
     for raw in _TOOL_CALL.findall(text or ""):
+        if tool_call_too_deep(f"<tool_call>{raw}</tool_call>"):  # json.loads would raise RecursionError
+            continue
         try:
             call = json.loads(raw)
         except ValueError:
@@ -764,7 +788,7 @@ async def run_all_regions(
             out["error"] = "no broadcast tool call in the policy reply"
             return out
         try:
-            interp, by_sub = env._validate(args.get("interpretation"), args.get("hints"))
+            interp, by_sub = env._checked(args.get("interpretation"), args.get("hints"))
         except ToolInputError as err:
             env._ep.tool_errors[err.kind] = env._ep.tool_errors.get(err.kind, 0) + 1
             out["error"] = str(err)
@@ -797,7 +821,7 @@ class _RegionMidAgent(MidAgentEnv):
 
     async def broadcast(self, interpretation: str, hints: dict[str, str]) -> str:
         try:
-            interp, by_sub = self._validate(interpretation, hints)
+            interp, by_sub = self._checked(interpretation, hints)
         except ToolInputError as err:
             self._ep.tool_errors[err.kind] = self._ep.tool_errors.get(err.kind, 0) + 1
             return f"Error: {err}"

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coordrl.data.chunk import Chunk, chunk_context
+from coordrl.envs.tool_input import ToolInputError, check_text
 from coordrl.rollout.loop import shared_loop
-from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
 from coordrl.rollout.reader_prompt import sanitize_reader_text
+from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
 
 TRUNCATION_MARKER = "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
 
@@ -62,14 +63,6 @@ class ParserEnvConfig:
         return asdict(self)
 
 
-class ToolInputError(ValueError):
-    """A tool call the environment refuses; the message goes back to the policy as the tool result."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
@@ -100,7 +93,7 @@ class ParserLeadEnv:
     ``chunk_tokens``, or precomputed ``chunks`` (list of strings) with optional ``chunk_documents``.
     """
 
-    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: "ChunkCache | None" = None) -> None:
+    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: ChunkCache | None = None) -> None:
         self._config = config
         self._fleet = fleet
         self._tokenizer = tokenizer
@@ -137,7 +130,6 @@ class ParserLeadEnv:
         self._question = question
         self._gold = set(row.get("gold_documents") or ())
         self._stats = EpisodeStats()
-        return None
 
     async def query_agents(self, queries: list[str]) -> str:
         """Send questions to every chunk reader of the document and collect what they find.
@@ -151,7 +143,9 @@ class ParserLeadEnv:
         turn = len(self._stats.queries_per_turn) + 1
         try:
             clean = self._validate(queries)
-        except ToolInputError as err:
+        except Exception as exc:  # noqa: BLE001 - bad input is the policy's mistake, never a crash
+            # Anything but a ToolInputError is an argument object that broke while being read.
+            err = exc if isinstance(exc, ToolInputError) else ToolInputError("unreadable", f"queries could not be read ({type(exc).__name__}); send a list of strings")
             self._stats.tool_errors[err.kind] += 1
             self._stats.queries_per_turn.append(0)
             return f"Error: {err}"
@@ -221,9 +215,7 @@ class ParserLeadEnv:
             raise ToolInputError("too_many", f"{len(queries)} queries in one call; the limit is {cfg.max_queries}")
         clean: list[str] = []
         for i, q in enumerate(queries, start=1):
-            if not isinstance(q, str):
-                raise ToolInputError("wrong_type", f"query {i} is a {type(q).__name__}, not a string")
-            q = " ".join(q.split())
+            q = " ".join(check_text(q, f"query {i}").split())
             if not q:
                 raise ToolInputError("empty", f"query {i} is empty")
             if len(q) > cfg.max_query_chars:

@@ -18,7 +18,11 @@ from typing import Any
 
 from coordrl.envs.chat import ChatCodec, env_tools
 from coordrl.envs.prompts import lead_prompt
+from coordrl.envs.tool_input import repair_text, safe_str
 from coordrl.rewards import ends_with_stop, exact_match_reward
+
+# A tool-call opener left in a turn's text: the turn asked for a tool the parser could not read.
+_RAW_TOOL_CALL = "<tool_call>"
 
 
 def default_prompt(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -82,6 +86,8 @@ class StepEnv:
         self.completion_ids: list[int] = []
         self.tool_rounds = 0
         self.tool_failures = 0
+        self.malformed_tool_calls = 0
+        self.invalid_text_turns = 0
         self.done = True
         self._row: dict[str, Any] = {}
 
@@ -100,6 +106,8 @@ class StepEnv:
         self.completion_ids = []
         self.tool_rounds = 0
         self.tool_failures = 0
+        self.malformed_tool_calls = 0
+        self.invalid_text_turns = 0
         self.done = False
         return list(self.messages)
 
@@ -114,6 +122,8 @@ class StepEnv:
         base.update(
             tool_rounds=self.tool_rounds,
             tool_failures=self.tool_failures,
+            malformed_tool_calls=self.malformed_tool_calls,
+            invalid_text_turns=self.invalid_text_turns,
             assistant_turns=sum(1 for m in self.completion if m.get("role") == "assistant"),
             completion_tokens=len(self.completion_ids),
             unfinished=int(self.done and not self.stopped),
@@ -125,16 +135,28 @@ class StepEnv:
         return asyncio.run(self.astep(action))
 
     async def astep(self, action: str | Sequence[int]) -> Step:
-        """Apply one assistant turn: generated ids (ending with EOS when the model stopped) or text."""
+        """Apply one assistant turn: generated ids (ending with EOS when the model stopped) or text.
+
+        Text that UTF-8 cannot encode (lone surrogates, which a policy served over JSON can return)
+        has them replaced by U+FFFD, counted in ``info["invalid_text_turns"]``. A turn holding a tool
+        call that does not parse (bad JSON, or nesting refused by `ChatCodec.parse`) ends the
+        episode without an answer, as in TRL, and is counted in ``info["malformed_tool_calls"]``.
+        """
         if self.done:
             raise RuntimeError("episode is over; call reset() first")
-        ids = self.codec.encode_turn(action) if isinstance(action, str) else list(action)
+        if isinstance(action, str):
+            action, replaced = repair_text(action)
+            self.invalid_text_turns += int(replaced > 0)
+            ids = self.codec.encode_turn(action)
+        else:
+            ids = list(action)
         message = self.codec.parse(ids, self.context_ids, self.tools)
         self.completion_ids += ids
         self.messages.append(message)
         self.completion.append(message)
         calls = message.get("tool_calls")
         if not calls:
+            self.malformed_tool_calls += int(_RAW_TOOL_CALL in str(message.get("content") or ""))
             return self._finish(terminated=True)
         if self.tool_rounds >= self.max_turns:
             return self._finish(terminated=False)  # turn cap: ends on a tool call, scores 0 as in TRL
@@ -178,20 +200,23 @@ class StepEnv:
 
     async def _call(self, call: dict[str, Any]) -> dict[str, Any]:
         # Mirrors TRL 1.16's tool loop: unknown tools and exceptions become {"error": ...} results.
+        # Names, errors and results are printed with safe_str: the policy's JSON can spell a name
+        # (or an argument echoed in an error) that UTF-8 cannot encode, and the tool message is tokenized.
         if call.get("type") != "function":
             self.tool_failures += 1
-            return {"role": "tool", "name": call.get("name", "unknown"), "content": str({"error": f"Unsupported tool call type: {call.get('type')}"})}
+            error = {"error": f"Unsupported tool call type: {safe_str(call.get('type'), None)}"}
+            return {"role": "tool", "name": safe_str(call.get("name", "unknown"), None), "content": str(error)}
         function = call["function"]
         name = function["name"]
         try:
-            tool = self._tool_by_name.get(name)
+            tool = self._tool_by_name.get(name) if isinstance(name, str) else None
             if tool is None:
-                raise ValueError(f"Tool {name} not found.")
+                raise ValueError(f"Tool {safe_str(name, None)} not found.")
             result = tool(**function["arguments"])
             if inspect.isawaitable(result):
                 result = await result
         except Exception as e:  # noqa: BLE001 - the policy's mistake goes back to it as the tool result
             self.tool_failures += 1
-            result = {"error": str(e)}
-        content = result if isinstance(result, list) else str(result)
-        return {"role": "tool", "name": name, "content": content}
+            result = {"error": safe_str(e, None)}
+        content = result if isinstance(result, list) else safe_str(result, None)
+        return {"role": "tool", "name": safe_str(name, None), "content": content}
