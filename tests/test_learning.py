@@ -1,4 +1,4 @@
-"""The reduced learning check (issue 7): GRPO through `coordrl train` must make the kept warm start better.
+"""The reduced learning check: GRPO through `coordrl train` must make the kept warm start better.
 
 From the kept warm start (`coordrl:world-warm-start`), ``STEPS`` GRPO optimizer steps of ``configs/world_cpu.yaml``
 (the code path of every real run: TRL GRPOTrainer, the PARSER environment, lexical readers,
@@ -44,7 +44,7 @@ def _sampled_em(path: str, rows: list[dict]) -> dict:
 def test_grpo_from_the_kept_warm_start_raises_heldout_exact_match(tmp_path):
     rows = world_splits(0, N_EVAL, seed=0)["heldout"]
     before = _sampled_em(resolve_model(WORLD_MODEL), rows)
-    cfg = load_config(CONFIG, {"output_dir": str(tmp_path / "run"), "max_steps": str(STEPS), "max_train_minutes": "4", "seed": "0"})
+    cfg = load_config(CONFIG, {"output_dir": str(tmp_path / "run"), "max_steps": str(STEPS), "seed": "0"})
     train(cfg)
     after = _sampled_em(str(tmp_path / "run" / "final"), rows)
     gain = 100 * (after["all"] - before["all"])

@@ -137,3 +137,25 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     defaults = {k: v.default for k, v in inspect.signature(mod.build).parameters.items() if v.default is not inspect.Parameter.empty}
     for key in ("seed", "lr", "batch", "drills", "drill_weight", "max_drill", "warmup", "name_weight", "recall_frac", "compare_frac", "adjacent_frac", "adjacent_from", "n_train"):
         assert meta[key] == defaults[key], key
+
+
+def _warm_start_builder():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
+    # Fixed work on fixed threads: the same seed gives byte-identical weights, whatever the machine's speed.
+    build = _warm_start_builder().build
+    small = {"steps": 3, "n_train": 12, "n_eval": 4, "batch": 4, "drills": 8, "threads": 2}
+    weights = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        meta = build(tmp_path / name, seed=seed, **small)
+        assert meta["steps"] == 3 and meta["torch_threads"] == 2
+        weights.append((tmp_path / name / "model.safetensors").read_bytes())
+    assert weights[0] == weights[1] and weights[0] != weights[2]

@@ -208,7 +208,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from coordrl.demo import run_demo
 
-    return run_demo(args.out, workers=args.workers, world_minutes=args.world_minutes)
+    return run_demo(args.out, workers=args.workers, world_steps=args.world_steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job on embedded defaults (offline, CPU, minutes)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
     demo.add_argument("--workers", type=_positive, default=min(2, os.cpu_count() or 1))
-    demo.add_argument("--world-minutes", type=float, default=4.0, help="GRPO budget of the world part (default 4)")
+    demo.add_argument("--world-steps", type=_positive, default=160, help="GRPO optimizer steps of the world part (default 160: about 4 minutes on 2 idle cores)")
     demo.set_defaults(func=_cmd_demo)
 
     train = sub.add_parser(

@@ -32,12 +32,14 @@ def _rule(step: int, title: str) -> None:
     print(f"\n=== {head} " + "=" * max(0, 70 - len(head)))
 
 
-def run_demo(out: Path, workers: int = 1, world_minutes: float = 4.0, world_eval: int = 60) -> int:
-    """Run both parts; ``world_minutes`` caps the world's GRPO, ``world_eval`` held-out questions evaluated."""
+def run_demo(out: Path, workers: int = 1, world_steps: int = 160, world_eval: int = 60) -> int:
+    """Run both parts; ``world_steps`` GRPO optimizer steps on the world (fixed work, so the result does not
+    depend on the machine's speed; about 4 minutes on an idle 2-core machine), ``world_eval`` held-out
+    questions evaluated."""
     t0 = time.perf_counter()
     out = Path(out)
     summary: dict[str, Any] = {}
-    world_part(out / "world", summary, minutes=world_minutes, n_eval=world_eval)
+    world_part(out / "world", summary, steps=world_steps, n_eval=world_eval)
     summary["world_s"] = time.perf_counter() - t0
     hotpot_part(out, summary, workers=workers)
     summary["total_s"] = time.perf_counter() - t0
@@ -48,7 +50,7 @@ def run_demo(out: Path, workers: int = 1, world_minutes: float = 4.0, world_eval
 # -- part 1: learning on the synthetic world --------------------------------------------------------
 
 
-def world_part(out: Path, summary: dict[str, Any], *, minutes: float, n_eval: int) -> None:
+def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -> None:
     import json
 
     import torch
@@ -76,12 +78,13 @@ def world_part(out: Path, summary: dict[str, Any], *, minutes: float, n_eval: in
     before = evaluate(warm)
     print(_em_table({"warm start": before}))
 
-    _rule(3, f"GRPO through coordrl train, configs/world_cpu.yaml, at most {minutes:g} min")
+    _rule(3, f"GRPO through coordrl train, configs/world_cpu.yaml, {steps} optimizer steps")
     run_dir = out / "grpo"
-    cfg = load_config(CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_train_minutes": str(minutes), "disable_tqdm": "true"})
+    cfg = load_config(CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_steps": str(steps), "disable_tqdm": "true"})
     t = time.perf_counter()
     train(cfg, overwrite=True, trainer_cls=_reward_printing_trainer())  # a rerun replaces the demo's own earlier run
     summary["world_grpo_s"] = time.perf_counter() - t
+    summary["world_steps"] = steps
 
     _rule(4, "the trained policy on the same held-out questions")
     after = evaluate(str(run_dir / "final"))
@@ -221,7 +224,7 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
     if w:
         b, a = w["before"], w["after"]
         print(f"world: held-out exact match, sampled {100 * b['sampled']['all']:.0f}% -> {100 * a['sampled']['all']:.0f}%, "
-              f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_grpo_s', 0) / 60:.1f} min of GRPO "
+              f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_steps', 0)} GRPO steps ({summary.get('world_grpo_s', 0) / 60:.1f} min) "
               f"({out / 'world' / 'demo_world.json'})")
     if "world_answer" in summary:
         q, ans, gold = summary["world_answer"]
