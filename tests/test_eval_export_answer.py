@@ -234,6 +234,14 @@ def _checkpoint_copy(final: Path, dest: Path) -> Path:
     return dest
 
 
+def test_export_into_an_unwritable_folder_is_one_line(final, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["export", "--checkpoint", str(final), "--out", str(blocker / "export")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coordrl: error: --out") and "cannot be written" in err and len(err.strip().splitlines()) == 1
+
+
 def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     no_marker = _checkpoint_copy(final, tmp_path / "no-marker")
     (no_marker / COMPLETE_MARKER).unlink()

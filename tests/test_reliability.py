@@ -363,14 +363,39 @@ def test_hung_reader_costs_what_the_user_set(dataset, tmp_path, capsys):
             == 0
         )
         eval_s = time.perf_counter() - t0
+        capsys.readouterr()
         results = json.loads((out / "results.json").read_text())
         assert (
             results["env"]["reader_timeout_s"] == 0.5
             and results["env"]["reader_retries"] == 0
         )
         assert results["overall"]["reader_errors"] > 0
+        document = tmp_path / "doc.txt"
+        document.write_text("Paris is the capital of France. " * 50)
+        question = ["--question", "What is the capital of France?"]
+        t0 = time.perf_counter()
+        main(
+            [
+                "answer",
+                "--policy",
+                "scripted",
+                "--document",
+                str(document),
+                *question,
+                "--max-turns",
+                "1",
+                "--json",
+                *flags,
+            ]
+        )
+        answer_s = time.perf_counter() - t0
+        assert json.loads(capsys.readouterr().out)["info"]["reader_errors"] > 0
     # The defaults (60 s x 4 attempts) would take minutes; the bound is generous for a loaded machine.
-    assert rollout_s < 20 and eval_s < 20, (rollout_s, eval_s)
+    assert rollout_s < 20 and eval_s < 20 and answer_s < 20, (
+        rollout_s,
+        eval_s,
+        answer_s,
+    )
 
 
 # -- trace files -----------------------------------------------------------------------------------
