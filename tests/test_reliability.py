@@ -184,7 +184,6 @@ def test_two_train_processes_into_one_folder(tmp_path):
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    assert not (run / "wandb").exists()
 
 
 # -- one-line errors -------------------------------------------------------------------------------
@@ -439,3 +438,37 @@ def test_trace_file_helpers(tmp_path):
         1,
     ]
     assert rewrite_jsonl(tmp_path / "missing.jsonl", lambda r: True) == 0
+
+
+def test_eval_and_index_refuse_a_folder_in_use(dataset, tmp_path, capsys):
+    for folder, args in (
+        (
+            tmp_path / "eval",
+            [
+                "eval",
+                "--policy",
+                "scripted",
+                "--data",
+                str(dataset),
+                "--out",
+                str(tmp_path / "eval"),
+            ],
+        ),
+        (
+            tmp_path / "cache",
+            ["index", "--data", str(dataset), "--cache", str(tmp_path / "cache")],
+        ),
+    ):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(folder)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            assert main([*args, "--no-progress"] if args[0] == "eval" else args) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert f"in use by pid {holder.pid}" in err[-1] and len(err) == 1, err
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
