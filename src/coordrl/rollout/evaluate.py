@@ -619,7 +619,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     if cfg.baseline == "prompted" and source.kind in ("checkpoint", "export"):
         if not source.base_model:
             raise PolicyError(f"{source.spec} records no base_model; pass --policy <base model> instead of --baseline prompted")
-        weights = resolve_model(source.base_model)
+        try:
+            weights = resolve_model(source.base_model)
+        except ValueError as e:  # the recorded base model is gone: one line naming it
+            raise PolicyError(f"--baseline prompted: {source.spec} records a base {e}") from None
     try:
         if hmars:  # reader chunks are PARSER's; HMARS regions and pages come from the recorded env
             env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars)
