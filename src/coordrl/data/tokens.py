@@ -10,6 +10,7 @@ recorded ``num_tokens`` is always exact; the card says which method ran.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -43,6 +44,61 @@ def load_tokenizer(spec: str | None):
     except Exception as e:
         hint = " (HF_HUB_OFFLINE is set: pass a local folder)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
         raise DataError(f"could not load tokenizer {spec!r}{hint}: {e}") from None
+
+
+# Most characters one UTF-8 byte of normalised text can stand for in the original text: canonical
+# composition (NFC, NFKC) merges a decomposed sequence into one character, at worst 3 characters
+# into a 2-byte one ("U" + U+0308 + U+0304 -> U+01D5); decomposition only lengthens text.
+_COMPOSING = {"NFC": 1.5, "NFKC": 1.5, "NFD": 1.0, "NFKD": 1.0}
+# Pre-tokenizers that keep every character (a Split that is not "Removed"); others may drop text.
+_LOSSLESS_PRE = {"ByteLevel", "Split", "Digits", "Punctuation"}
+
+
+def _state(component) -> dict:
+    return json.loads(component.__getstate__())
+
+
+def max_chars_per_token(tokenizer) -> float | None:
+    """The most characters of input text a single token can stand for, or None when the tokenizer
+    gives no such guarantee. ``len(text) / max_chars_per_token(tok)`` is then a lower bound on the
+    tokens of ``text``, so a text longer than ``limit * max_chars_per_token(tok)`` characters is over
+    ``limit`` tokens without tokenizing it.
+
+    Why it holds, and when (byte-level BPE: Qwen, Llama 3, GPT-2 and the shipped tokenizer):
+    the byte-level pre-tokenizer turns every byte of the normalised text into one symbol of a
+    256-symbol alphabet, and a BPE model whose vocabulary holds the whole alphabet never drops a
+    symbol, so the tokens partition the bytes: ``tokens >= bytes / B`` where ``B`` is the longest
+    vocabulary entry in bytes (added tokens by their UTF-8 length). Every character is at least one
+    byte, and a composing normaliser can shrink text at most 1.5 characters per byte (see
+    ``_COMPOSING``), so ``tokens >= chars / (1.5 * B)`` with NFC/NFKC and ``chars / B`` without.
+    A characters-per-token *average* would be the wrong direction: it says what text usually
+    costs, not the least it can cost. Anything else (no ByteLevel step, a normaliser or
+    pre-tokenizer that can delete text, byte fallback, a slow tokenizer) returns None: count exactly.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE":
+        return None
+    pre = _state(backend.pre_tokenizer) if backend.pre_tokenizer is not None else {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if not any(p.get("type") == "ByteLevel" for p in steps):
+        return None
+    if any(p.get("type") not in _LOSSLESS_PRE or p.get("behavior") == "Removed" for p in steps):
+        return None
+    factor = 1.0
+    if backend.normalizer is not None:
+        norm = _state(backend.normalizer)
+        parts = norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+        if any(n.get("type") not in _COMPOSING for n in parts):
+            return None
+        factor = max(_COMPOSING[n["type"]] for n in parts)
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    vocab = backend.get_vocab(with_added_tokens=False)
+    if not all(symbol in vocab for symbol in ByteLevel.alphabet()):
+        return None
+    longest = max(len(token) for token in vocab)  # byte-level entries spell one symbol per byte
+    added = [len(t.content.encode("utf-8")) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+    return factor * max([longest, *added])
 
 
 class TokenCounter:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import sys
 import threading
@@ -55,6 +56,7 @@ __all__ = [
 DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
 # Per-turn generation cap for policies that recorded none (plain models, hub ids).
 DEFAULT_MAX_NEW_TOKENS = 512
+_UNSET = object()
 # ``Document 3:`` headers as coordrl lays contexts out; when present, evidence names its Documents.
 _DOC_HEADER = re.compile(r"^Document (\d+):\n", re.MULTILINE)
 
@@ -217,6 +219,9 @@ class Coordinator:
         self.source = source
         self.config = env_config
         self.max_document_tokens = max_document_tokens
+        # Most characters one policy token can cover (`coordrl.data.tokens.max_chars_per_token`),
+        # computed on first use; None: no safe bound, every document is counted exactly.
+        self._chars_per_token: float | None | object = _UNSET
         self.max_completion_tokens = max_completion_tokens
         self.codec = ChatCodec(tokenizer)
         self.protocol = source.protocol
@@ -303,7 +308,7 @@ class Coordinator:
 
     def _validate(self, document: str | bytes, question: str | bytes) -> tuple[str, str, int]:
         text = _decode_document(document)
-        if not text.strip():
+        if not text or text.isspace():  # not strip(): it would copy a long document
             raise InputError("document is empty")
         if isinstance(question, (bytes, bytearray)):
             try:
@@ -312,13 +317,30 @@ class Coordinator:
                 raise InputError(f"question is not valid UTF-8 ({e.reason} at offset {e.start})") from None
         if not isinstance(question, str) or not question.strip():
             raise InputError("question is empty")
-        n_tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n_tokens > self.max_document_tokens:
+        return text, " ".join(question.split()), self._document_tokens(text)
+
+    def _document_tokens(self, text: str) -> int:
+        """Exact token count of ``text``, or `InputError` when it is over ``max_document_tokens``.
+
+        A document too long to be within the limit is refused from its length alone, before any
+        tokenization: tokenizing millions of words takes seconds and gigabytes, and its count is
+        not needed to say no. Only a document near the limit is tokenized to decide.
+        """
+        limit = self.max_document_tokens
+        if self._chars_per_token is _UNSET:
+            from coordrl.data.tokens import max_chars_per_token
+
+            self._chars_per_token = max_chars_per_token(self.tokenizer)
+        per_token = self._chars_per_token
+        if per_token is not None and len(text) > per_token * limit:
             raise InputError(
-                f"document has {n_tokens:,} tokens, more than the limit of {self.max_document_tokens:,} "
-                "(max_document_tokens); split it or raise the limit"
+                f"document has more than the limit of {limit:,} tokens (max_document_tokens): its {len(text):,} "
+                f"characters are at least {math.ceil(len(text) / per_token):,} tokens; split it or raise the limit"
             )
-        return text, " ".join(question.split()), n_tokens
+        n_tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n_tokens > limit:
+            raise InputError(f"document has {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit")
+        return n_tokens
 
     def answer(self, document: str | bytes, question: str) -> Answer:
         """Answer ``question`` about ``document`` (raw text, or UTF-8 bytes decoded strictly).
