@@ -379,3 +379,25 @@ def test_tool_call_depth_scan_reads_json_strings():
     assert not tool_call_too_deep(call % ("[" * 28 + "]" * 28))  # 3 + 28 levels: within 32
     assert tool_call_too_deep("<tool_call>" + "[" * 40)  # unclosed call: scanned to the end
     assert not tool_call_too_deep("[" * 5000)  # outside a tool call nothing is parsed
+
+
+def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
+    from coordrl.rollout.evaluate import _TraceWriter, read_traces
+    from coordrl.train.reward import EpisodeReward
+
+    tok = load_tokenizer(None)
+    factory = ParserEnvFactory(ParserEnvConfig(), tokenizer=tok)
+    env = StepEnv(factory(), ChatCodec(tok), max_turns=3)
+    env.reset(id="s1", question="Who founded Title 3?", context=DOC, answers=["Person 3"])
+    step = env.step('<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Title \\ud800 3"]}}\n</tool_call>')
+    assert step.observation.startswith("Error: query 1 holds a character that is not valid Unicode")
+    env.step("<answer>Person 3</answer>")
+    factory.close()
+    query = env.completion[0]["tool_calls"][0]["function"]["arguments"]["queries"][0]
+    assert query == "Title \ud800 3"  # what the policy sent, kept as sent
+    _TraceWriter(tmp_path / "eval").write("subset", {"id": "s1", "messages": env.completion})
+    traced = read_traces(tmp_path / "eval" / "subset.jsonl")["s1"]["messages"]
+    assert traced[0]["tool_calls"][0]["function"]["arguments"]["queries"][0] == query  # round-trips
+    EpisodeReward(trace_dir=tmp_path / "train")([env.completion], answers=[["Person 3"]])
+    line = json.loads((tmp_path / "train" / "rank0.jsonl").read_text(encoding="utf-8"))
+    assert line["completion"][0]["tool_calls"][0]["function"]["arguments"]["queries"][0] == query

@@ -137,7 +137,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     # keep stdout for the episode itself so `--json` output parses.
     with contextlib.redirect_stdout(sys.stderr):
         episode = _rollout_episode(args)
-    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False) if args.json else _format(episode))
+    text = json.dumps(episode.to_dict(), indent=2, ensure_ascii=False) if args.json else _format(episode)
+    # A lone surrogate in a tool call's arguments cannot be printed as UTF-8: print its JSON escape.
+    print(text.encode("utf-8", "backslashreplace").decode("utf-8"))
     return 0
 
 

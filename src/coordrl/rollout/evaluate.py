@@ -252,7 +252,8 @@ class _TraceWriter:
                 # A crash mid-write leaves a torn last line: cut it, so the file stays valid JSONL (the
                 # sample it held has no complete record, so this run does it again).
                 truncate_torn_tail(path)
-            with open(path, "a", encoding="utf-8") as fh:
+            # A lone surrogate (a policy's tool-call JSON can spell one) is written as its JSON escape.
+            with open(path, "a", encoding="utf-8", errors="backslashreplace") as fh:
                 fh.write(line)
                 fh.flush()
 

@@ -76,7 +76,9 @@ class EpisodeReward:
             ids = columns.get("id") or [None] * len(completions)
             questions = columns.get("question") or [None] * len(completions)
             golds = answers if answers is not None else columns.get("answer") or [None] * len(completions)
-            with open(self.trace_path, "a", encoding="utf-8") as fh:
+            # A policy's tool-call JSON can spell a lone surrogate ("\ud800"), which UTF-8 cannot
+            # encode; backslashreplace writes it as that same JSON escape, so the line stays valid JSON.
+            with open(self.trace_path, "a", encoding="utf-8", errors="backslashreplace") as fh:
                 for i, completion in enumerate(completions):
                     env = environments[i] if environments else None
                     fh.write(
