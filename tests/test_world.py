@@ -159,3 +159,21 @@ def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
         assert meta["steps"] == 3 and meta["torch_threads"] == 2
         weights.append((tmp_path / name / "model.safetensors").read_bytes())
     assert weights[0] == weights[1] and weights[0] != weights[2]
+
+
+def test_length_sweep_pads_the_same_questions_with_unrelated_documents():
+    from coordrl.data.world import filler_world, make_world, world_rows
+
+    world = make_world(0)
+    base = world_splits(0, 6, seed=0)["heldout"]
+    assert not set(filler_world().people + filler_world().films + filler_world().orgs) & set(world.names)
+    for n_docs in (8, 100):
+        rows, _ = world_rows(6, 0, world, prefix="heldout", n_docs=n_docs)
+        for row, short in zip(rows, base, strict=True):
+            assert (row["question"], row["answers"], row["chain"]) == (short["question"], short["answers"], short["chain"])
+            assert len(row["doc_offsets"]) == n_docs and len(row["chunks"]) == n_docs // 2
+            # The question's own documents are all there, at the gold positions the row names.
+            docs = row["context"].split("\n\nDocument ")
+            short_docs = {d.split("\n", 1)[1] for d in short["context"].split("\n\nDocument ")}
+            assert short_docs <= {d.split("\n", 1)[1] for d in docs}
+            assert all(short["context"].count(docs[g - 1].split("\n", 1)[1]) == 1 for g in row["gold_documents"])

@@ -3,7 +3,9 @@
 Part 1, learning: start from the kept warm start (a tiny Qwen3 taught the tool protocol on
 the synthetic multi-hop world, `coordrl.data.world`), evaluate it on held-out questions, train it
 with GRPO through `coordrl train` (`configs/world_cpu.yaml`, reward printed as it rises), evaluate
-again, export the policy and answer a held-out question with it through the inference API.
+again, measure accuracy against document length (8 to 1,024 documents per question) for the trained
+policy, the warm start and the one-round mapreduce baseline, export the policy and answer a held-out
+question with it through the inference API.
 
 Part 2, real data: build a distractor-packed training set and an evaluation sweep from the real
 HotpotQA sample shipped with coordrl, show one sample chunked the way readers see it, play one
@@ -23,7 +25,9 @@ from coordrl.data.chunk import chunk_context
 from coordrl.data.show import load_built, show_sample
 from coordrl.data.tokens import cached_counter
 
-STEPS = 12
+STEPS = 13
+WORLD_LENGTHS = (8, 64, 256, 1024)  # documents per question in the length sweep
+WORLD_LENGTH_QUESTIONS = 40  # held-out questions at each length
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -90,9 +94,12 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     after = evaluate(str(run_dir / "final"))
     print(_em_table({"warm start": before, "after GRPO": after}))
     summary["world"] = {"before": before, "after": after}
+
+    _rule(5, f"accuracy against document length: the same {WORLD_LENGTH_QUESTIONS} held-out questions in {WORLD_LENGTHS[0]} to {WORLD_LENGTHS[-1]} documents")
+    summary["world"]["by_length"] = length_sweep(out, {"after GRPO": str(run_dir / "final"), "warm start": warm}, WORLD_LENGTH_QUESTIONS)
     (out / "demo_world.json").write_text(json.dumps(summary["world"], indent=2) + "\n")
 
-    _rule(5, "export the world policy and answer a held-out question through the inference API")
+    _rule(6, "export the world policy and answer a held-out question through the inference API")
     from coordrl.inference.coordinator import Coordinator
     from coordrl.inference.export import export_policy
 
@@ -105,6 +112,55 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
         print(f"  round {f['turn']}: asked {f['query']!r} -> {f['text']}")
     print(f"question: {row['question']}\nanswer: {result.answer!r} (gold {row['answers'][0]!r})")
     summary["world_answer"] = (row["question"], result.answer, row["answers"][0])
+
+
+def length_sweep(out: Path, policies: dict[str, str], n: int) -> dict[str, dict[int, float]]:
+    """Greedy held-out exact match of each policy, and of the one-round ``mapreduce`` baseline (the trained
+    policy answering from one broadcast of the question), on the same ``n`` held-out questions padded with
+    filler documents to each of `WORLD_LENGTHS`; prints a table and writes ``accuracy_vs_length.png``.
+
+    The coordinator never reads the document, so what it sees does not grow with it: only the readers'
+    work does (two documents per reader: 4 readers at 8 documents, 512 at 1,024)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coordrl.data.world import evaluate_world, make_world, world_rows
+
+    world = make_world(0)
+    rows = {length: world_rows(n, 0, world, prefix="heldout", n_docs=length)[0] for length in WORLD_LENGTHS}
+    runs = [(name, path, False) for name, path in policies.items()] + [("mapreduce (one broadcast of the question)", next(iter(policies.values())), True)]
+    found: dict[str, dict[int, float]] = {}
+    for name, path, mapreduce in runs:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
+        found[name] = {length: evaluate_world(model, tok, r, sample=False, seed=0, mapreduce=mapreduce)["all"] for length, r in rows.items()}
+    print("| policy (greedy) | " + " | ".join(f"{length} docs" for length in WORLD_LENGTHS) + " |")
+    print("|---|" + "---:|" * len(WORLD_LENGTHS))
+    for name, by_len in found.items():
+        print(f"| {name} | " + " | ".join(f"{100 * by_len[length]:.0f}%" for length in WORLD_LENGTHS) + " |")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: plot skipped (the figures are in demo_world.json)")
+        return found
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, by_len in found.items():
+        ax.plot(WORLD_LENGTHS, [100 * by_len[length] for length in WORLD_LENGTHS], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(WORLD_LENGTHS, [str(length) for length in WORLD_LENGTHS])
+    ax.set_xlabel("documents per question (2 per reader)")
+    ax.set_ylabel("held-out exact match, greedy (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_length.png", dpi=120)
+    plt.close(fig)
+    print(f"plot: {out / 'accuracy_vs_length.png'}")
+    return found
 
 
 def _reward_printing_trainer():
@@ -147,7 +203,7 @@ def _em_table(results: dict[str, dict]) -> str:
 
 
 def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
-    _rule(6, "training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
+    _rule(7, "training set: shipped HotpotQA dev sample, 200 paragraphs per question (PARSER recipe)")
     stats = build_dataset(BuildConfig(seed=0, workers=workers, jsonl=False, overwrite=True), out / "train")
     p, t = stats["paragraphs"], stats["tokens"]
     print(
@@ -155,7 +211,7 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
         f"(min {t['min']:,}, max {t['max']:,}); gold paragraphs per tenth of the document: {stats['gold_position_deciles']}"
     )
 
-    _rule(7, "evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
+    _rule(8, "evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
     manifest = build_sweep(
         SweepConfig(questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True),
         out / "sweep",
@@ -164,14 +220,14 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
         s = sub["stats"]
         print(f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}")
 
-    _rule(8, "one training sample, and how 512-token reader chunks cover it")
+    _rule(9, "one training sample, and how 512-token reader chunks cover it")
     print(show_sample(out / "train", 0, max_chars=700))
     sample = load_built(out / "train")[0]
     chunks = chunk_context(sample["context"], cached_counter(None).tokenizer, 512, sample["doc_offsets"])
     gold_chunks = [c.index for c in chunks if set(c.documents) & set(sample["gold_documents"])]
     print(f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}")
 
-    _rule(9, "one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
+    _rule(10, "one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
     from coordrl.envs.step import StepEnv
@@ -183,7 +239,7 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
     episode = run_episode(StepEnv(factory(), ChatCodec(tokenizer), max_turns=12), ScriptedLead(), sample)
     print(format_episode(episode, max_chars=400))
 
-    _rule(10, "GRPO on TRL: tiny random-weight policy, lexical readers (configs/tiny_cpu.yaml)")
+    _rule(11, "GRPO on TRL: tiny random-weight policy, lexical readers (configs/tiny_cpu.yaml)")
     from coordrl.train.config import load_config
     from coordrl.train.run import latest_complete_checkpoint, train
 
@@ -202,13 +258,13 @@ def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict, summary: 
     from coordrl.inference.export import export_policy
     from coordrl.rollout.evaluate import EvalConfig, evaluate
 
-    _rule(11, "evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
+    _rule(12, "evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
     eval_dir = out / "eval"
     evaluate(EvalConfig(policy=str(checkpoint), data=str(out / "sweep"), out=str(eval_dir), limit=2, overwrite=True))
     print((eval_dir / "results.md").read_text())
     print(f"plot: {eval_dir / 'accuracy_vs_length.png'}; traces: {eval_dir / 'traces'}")
 
-    _rule(12, "export the policy and answer a question with it (inference API)")
+    _rule(13, "export the policy and answer a question with it (inference API)")
     exported = export_policy(checkpoint, out / "export", eval_dir=eval_dir, overwrite=True)
     print(f"exported to {exported}: {sorted(p.name for p in exported.iterdir())}")
     with Coordinator.from_pretrained(exported, readers="lexical") as coordinator:
@@ -226,6 +282,11 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
         print(f"world: held-out exact match, sampled {100 * b['sampled']['all']:.0f}% -> {100 * a['sampled']['all']:.0f}%, "
               f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_steps', 0)} GRPO steps ({summary.get('world_grpo_s', 0) / 60:.1f} min) "
               f"({out / 'world' / 'demo_world.json'})")
+    by_length = (w or {}).get("by_length")
+    if by_length:
+        for name, found in by_length.items():
+            print(f"  {name}: greedy EM " + ", ".join(f"{100 * v:.0f}% at {n} docs" for n, v in found.items()))
+        print(f"  plot: {out / 'world' / 'accuracy_vs_length.png'}")
     if "world_answer" in summary:
         q, ans, gold = summary["world_answer"]
         print(f"world policy, exported: {q!r} -> {ans!r} (gold {gold!r})")

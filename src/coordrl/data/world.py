@@ -30,6 +30,7 @@ Qwen3 chat template.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -79,6 +80,46 @@ def make_world(seed: int = 0) -> World:
         names.append(name)
     a, b, c = N_PEOPLE, N_PEOPLE + N_FILMS, N_PEOPLE + N_FILMS + N_CITIES
     return World(tuple(names[:a]), tuple(names[a:b]), tuple(names[b:c]), tuple(names[c:]))
+
+
+@functools.lru_cache(maxsize=4)  # immutable, and asked for once per padded question
+def filler_world(seed: int = 0, n_people: int = 480, n_films: int = 480, n_orgs: int = 96) -> World:
+    """Entities for padding documents to any length: names from the same syllables as `make_world`'s,
+    disjoint from them, so a filler document never mentions a question's entities (cities are shared:
+    they are places, never asked about by name)."""
+    rng = random.Random(f"world-filler-names-{seed}")
+    syllables = [o + v for o in ONSETS for v in VOWELS]
+    taken = set(make_world(seed).names)
+    names: list[str] = []
+    while len(names) < n_people + n_films + n_orgs:
+        name = (rng.choice(syllables) + rng.choice(syllables) + rng.choice(CODAS)).capitalize()
+        if name in taken or name.endswith("s") or len(name) < 4:
+            continue
+        taken.add(name)
+        names.append(name)
+    a, b = n_people, n_people + n_films
+    return World(tuple(names[:a]), tuple(names[a:b]), make_world(seed).cities, tuple(names[b:]))
+
+
+def filler_docs(rng: random.Random, filler: World, n: int) -> list[Paragraph]:
+    """``n`` distinct filler documents (people, films, organisations in the world's proportions)."""
+    kinds = ["person"] * 4 + ["film"] * 3 + ["org"]
+    pools = {"person": list(filler.people), "film": list(filler.films), "org": list(filler.orgs)}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    if n > sum(map(len, pools.values())):
+        raise ValueError(f"{n} filler documents asked, the filler world has {sum(map(len, pools.values()))}")
+    docs: list[Paragraph] = []
+    while len(docs) < n:
+        kind = rng.choice([k for k in kinds if pools[k]])
+        name = pools[kind].pop()
+        if kind == "person":
+            docs.append(person_doc(name, rng.choice(filler.cities), rng.choice(DECADES), rng.choice(filler.orgs)))
+        elif kind == "film":
+            docs.append(film_doc(name, rng.choice(filler.people), rng.choice(filler.cities)))
+        else:
+            docs.append(org_doc(name, rng.choice(filler.cities)))
+    return docs
 
 
 def decade_text(decade: int) -> str:
@@ -151,8 +192,13 @@ def _distractors(rng: random.Random, world: World, avoid: set[str], used_decades
     return docs
 
 
-def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[str, Any], tuple]:
-    """One question with its own chain and document; returns ``(row_without_id, chain_key)``."""
+def make_question(rng: random.Random, world: World, qtype: str, n_docs: int | None = None) -> tuple[dict[str, Any], tuple]:
+    """One question with its own chain and document; returns ``(row_without_id, chain_key)``.
+
+    ``n_docs``: pad the document with `filler_docs` to this many documents (default: the question's
+    own 7). The question, its chain and ``rng``'s state afterwards are the same at every length, so a
+    length sweep asks the same questions of longer and longer documents.
+    """
     used_decades: set[int] = set()
     if qtype == "bridge":
         film = rng.choice(world.films)
@@ -184,6 +230,11 @@ def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[st
     docs = gold + near + distract
     order = list(range(len(docs)))
     rng.shuffle(order)
+    if n_docs is not None and n_docs > len(docs):
+        frng = random.Random(f"world-filler-{key}-{n_docs}")  # its own stream: ``rng`` is left as at any length
+        docs += filler_docs(frng, filler_world(), n_docs - len(docs))
+        order = list(range(len(docs)))
+        frng.shuffle(order)
     paragraphs = [docs[i] for i in order]
     gold_documents = sorted(order.index(i) + 1 for i in range(len(gold)))
     context, offsets = render_context(paragraphs)
@@ -205,15 +256,16 @@ def make_question(rng: random.Random, world: World, qtype: str) -> tuple[dict[st
     return row, key
 
 
-def world_rows(n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world") -> tuple[list[dict[str, Any]], set[tuple]]:
-    """``n`` questions, types alternating, chains unique and outside ``exclude``."""
+def world_rows(n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world", n_docs: int | None = None) -> tuple[list[dict[str, Any]], set[tuple]]:
+    """``n`` questions, types alternating, chains unique and outside ``exclude``; ``n_docs`` pads each
+    document to that many documents (the same questions at every length, see `make_question`)."""
     rng = random.Random(f"world-questions-{seed}-{prefix}")
     exclude = set(exclude or ())
     keys: set[tuple] = set()
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
         qtype = QUESTION_TYPES[len(rows) % len(QUESTION_TYPES)]
-        row, key = make_question(rng, world, qtype)
+        row, key = make_question(rng, world, qtype, n_docs)
         if key in exclude or key in keys:
             continue
         keys.add(key)
@@ -361,9 +413,11 @@ def demo_ids(row: dict[str, Any], good: bool, codec, factory, max_completion_tok
     return ids, mask
 
 
-def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 48, max_completion_tokens: int | None = 1024) -> dict[str, Any]:
+def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 48, max_completion_tokens: int | None = 1024, mapreduce: bool = False) -> dict[str, Any]:
     """Exact match per question type of ``model`` on ``rows``, episodes run in batches through `StepEnv`
-    (the same parsing, tools, suffixes and caps as TRL's loop). ``sample``: temperature 1, else greedy."""
+    (the same parsing, tools, suffixes and caps as TRL's loop). ``sample``: temperature 1, else greedy.
+    ``mapreduce``: the one-round baseline: a scripted first turn broadcasts the question itself, then
+    the model has one turn to answer from those findings."""
     import torch
 
     from coordrl.envs.chat import ChatCodec
@@ -377,9 +431,12 @@ def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool
     model.eval()
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
-        envs = [StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens) for _ in batch]
+        turns = 1 if mapreduce else WORLD_ENV["max_turns"]
+        envs = [StepEnv(factory(), codec, max_turns=turns, max_completion_tokens=max_completion_tokens) for _ in batch]
         for env, row in zip(envs, batch, strict=True):
             env.reset(**with_world_prompt(row))
+            if mapreduce:
+                env.step(tool_call_text([row["question"]]))
         rewards = [0.0] * len(batch)
         active = list(range(len(batch)))
         for _ in range(WORLD_ENV["max_turns"] + 1):
