@@ -401,3 +401,25 @@ def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
     EpisodeReward(trace_dir=tmp_path / "train")([env.completion], answers=[["Person 3"]])
     line = json.loads((tmp_path / "train" / "rank0.jsonl").read_text(encoding="utf-8"))
     assert line["completion"][0]["tool_calls"][0]["function"]["arguments"]["queries"][0] == query
+
+
+def test_selector_replies_with_hostile_numbers_and_nesting_parse_or_fall_back():
+    from coordrl.envs.hmars import HmarsEnvConfig, _Backends
+
+    backends = _Backends(HmarsEnvConfig())  # lexical roles: nothing is served, only the reply parser runs
+    allowed = {3, 4, 5}
+    replies = [
+        '{"pages": [{"id": 3, "confidence": ' + "9" * 400 + "}]}",  # an int too large for a float
+        '{"pages": [{"id": 3, "confidence": 1e999}, {"id": 4, "confidence": NaN}, {"id": 5, "confidence": 0.5}]}',
+        '{"pages": [{"id": ' + "9" * 4000 + '}, {"id": "p4"}, {"id": [3]}, {"id": {"a": 3}}, {"id": true}]}',
+        '{"pages": [' + "[" * 900 + "3" + "]" * 900 + ', 5]}',  # deep, but within the decoder's reach
+        '{"pages": [' + "[" * 5000 + "3" + "]" * 5000 + "]}",  # RecursionError in the decoder
+        '{"pages": [{"id": "' + "9" * 5000 + '"}, {"id": 4.0}, {"id": -3}]}',
+    ]
+    parsed = [backends._parse_selection(r, allowed) for r in replies]
+    assert parsed[0] == ([3], {3: 1.0})
+    assert parsed[1] == ([3, 4], {3: 1.0, 4: 1.0})  # non-finite confidences count as 1.0, ties by id
+    assert parsed[2] == ([4], {4: 1.0})
+    assert parsed[3] == ([5], {5: 1.0})
+    assert parsed[4] is None  # unparseable: the caller counts it and selects lexically
+    assert parsed[5] == ([], {})

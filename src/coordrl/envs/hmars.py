@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -216,10 +217,9 @@ class _Backends:
         chosen: dict[int, float] = {}
         for item in reply["pages"]:
             raw, conf = (item.get("id", item.get("page")), item.get("confidence", 1.0)) if isinstance(item, dict) else (item, 1.0)
-            match = _SUB_ID.match(str(raw).lstrip("pP")) if raw is not None else None
-            pid = int(match.group(1)) if match else None
+            pid = _page_id(raw)
             if pid in allowed and pid not in chosen:  # ids outside this sub-agent's pages are dropped
-                chosen[pid] = float(conf) if isinstance(conf, (int, float)) and not isinstance(conf, bool) else 1.0
+                chosen[pid] = _confidence(conf)
         ranked = sorted(chosen, key=lambda p: (-chosen[p], p))[: self.config.pages_per_subagent]
         return ranked, {p: chosen[p] for p in ranked}
 
@@ -603,6 +603,27 @@ class MidAgentEnv:
             budget = -c.budget_weight * max(0, ep.evidence_tokens - c.evidence_budget_tokens) / c.evidence_budget_tokens
         recall_term = c.recall_weight * recall
         return {"reward": em + recall_term + budget, "em": em, "f1": f1, "recall": recall, "recall_term": recall_term, "budget_term": budget}
+
+
+def _page_id(raw: Any) -> int | None:
+    """A page id from a selector reply: an int, or a string like ``"3"`` / ``"p3"``; anything else
+    (lists, objects, floats) is no id, and is never printed (``str`` of a huge int raises)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    match = _SUB_ID.match(raw.lstrip("pP")) if isinstance(raw, str) else None
+    return int(match.group(1)) if match else None
+
+
+def _confidence(conf: Any) -> float:
+    """A selector's confidence as a finite float; 1.0 when it is missing, not a number, too large for
+    a float, or not finite (NaN would make the ranking depend on reply order)."""
+    if not isinstance(conf, (int, float)) or isinstance(conf, bool):
+        return 1.0
+    try:
+        value = float(conf)
+    except OverflowError:  # an int beyond float range
+        return 1.0
+    return value if math.isfinite(value) else 1.0
 
 
 def _span(docs: Sequence[int]) -> str:
