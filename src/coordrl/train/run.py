@@ -340,7 +340,7 @@ def train(cfg: TrainConfig, resume: bool = False, *, overwrite: bool = False, br
         if resume:
             checkpoint = latest_complete_checkpoint(output_dir)
             if checkpoint is None:
-                raise ConfigError(f"--resume: no complete checkpoint in {output_dir}")
+                raise ConfigError(f"--resume: no complete checkpoint in {output_dir}; start afresh with --overwrite")
             step = int(checkpoint.name.split("-")[1])
             dropped = _trim_traces(output_dir, step)
             note = f"; dropped {dropped} trace row(s) of steps >= {step}" if dropped else ""
