@@ -407,7 +407,12 @@ class OpenAIReaderFleet:
             except Exception as exc:  # a reader failure must never end the episode
                 error = f"unexpected {type(exc).__name__}: {exc}"
                 break
-            text = sanitize_reader_text(_THINK_BLOCK.sub("", text, count=1).strip())
+            text = _THINK_BLOCK.sub("", text, count=1).strip()
+            if request.messages is None:
+                # A reader's answer goes to the policy as a finding: neutralised here. Other roles'
+                # replies are parsed first (a selector's JSON, the answer model's <answer> tag) and
+                # their callers neutralise what they pass on.
+                text = sanitize_reader_text(text)
             return ReaderResult(text=text, latency_s=time.perf_counter() - start, attempts=attempts)
         logger.debug("reader request to %s failed after %d attempt(s): %s", endpoint, attempts, error)
         return ReaderResult(
