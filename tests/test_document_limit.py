@@ -70,3 +70,10 @@ def test_no_bound_when_the_tokenizer_can_drop_text():
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     assert len(tok(" " * 1000, add_special_tokens=False)["input_ids"]) == 0
     assert max_chars_per_token(tok) is None
+
+
+def test_text_with_a_lone_surrogate_is_a_clear_error(coord):
+    with pytest.raises(InputError, match=r"document is not valid Unicode text: a lone surrogate \(U\+D800\) at character 18"):
+        coord.answer("Document 1:\nParis\n\ud800 is in France.", "Where is Paris?")
+    with pytest.raises(InputError, match=r"question is not valid Unicode text: a lone surrogate \(U\+DFFF\) at character 6"):
+        coord.answer("Document 1:\nParis\nParis is in France.", "Where \udfff is Paris?")

@@ -57,6 +57,7 @@ DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
 # Per-turn generation cap for policies that recorded none (plain models, hub ids).
 DEFAULT_MAX_NEW_TOKENS = 512
 _UNSET = object()
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # ``Document 3:`` headers as coordrl lays contexts out; when present, evidence names its Documents.
 _DOC_HEADER = re.compile(r"^Document (\d+):\n", re.MULTILINE)
 
@@ -173,6 +174,17 @@ def _decode_document(document: str | bytes) -> str:
     if isinstance(document, str):
         return document
     raise InputError(f"document must be str or bytes, got {type(document).__name__}")
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """`InputError` when ``text`` holds a lone surrogate: a str (never bytes decoded as UTF-8) can,
+    and a tokenizer raises TypeError on it. A regex scan, not an encode: no copy of a long document."""
+    bad = None if text.isascii() else _LONE_SURROGATE.search(text)
+    if bad is not None:
+        raise InputError(
+            f"{what} is not valid Unicode text: a lone surrogate (U+{ord(bad.group()):04X}) at character "
+            f"{bad.start():,}; pass UTF-8 bytes or a str without surrogates"
+        )
 
 
 def _doc_offsets(text: str) -> list[int] | None:
@@ -317,6 +329,7 @@ class Coordinator:
                 raise InputError(f"question is not valid UTF-8 ({e.reason} at offset {e.start})") from None
         if not isinstance(question, str) or not question.strip():
             raise InputError("question is empty")
+        _check_unicode(question, "question")
         return text, " ".join(question.split()), self._document_tokens(text)
 
     def _document_tokens(self, text: str) -> int:
@@ -337,6 +350,7 @@ class Coordinator:
                 f"document has more than the limit of {limit:,} tokens (max_document_tokens): its {len(text):,} "
                 f"characters are at least {math.ceil(len(text) / per_token):,} tokens; split it or raise the limit"
             )
+        _check_unicode(text, "document")
         n_tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if n_tokens > limit:
             raise InputError(f"document has {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit")
