@@ -423,3 +423,12 @@ def test_selector_replies_with_hostile_numbers_and_nesting_parse_or_fall_back():
     assert parsed[3] == ([5], {5: 1.0})
     assert parsed[4] is None  # unparseable: the caller counts it and selects lexically
     assert parsed[5] == ([], {})
+
+
+def test_tool_call_depth_scan_is_linear_and_sees_every_call():
+    from coordrl.envs.tool_input import tool_call_too_deep
+
+    # Thousands of unclosed openers and brackets: one scan, not one per opener.
+    assert not tool_call_too_deep("<tool_call>[]" * 20_000)
+    assert tool_call_too_deep('<tool_call>{"a": 1}</tool_call>\n<tool_call>' + "[" * 40 + "]" * 40 + "</tool_call>")  # the second call
+    assert not tool_call_too_deep("<tool_call>[[[]]]</tool_call>" + "[" * 40)  # after the last call nothing is parsed

@@ -127,8 +127,9 @@ def _depth_from(text: str, start: int, end: int, limit: int) -> bool:
 def tool_call_too_deep(text: str, limit: int = MAX_TOOL_CALL_DEPTH) -> bool:
     """Whether some ``<tool_call>`` in ``text`` nests brackets deeper than ``limit``.
 
-    Each call is scanned from its opening tag to its closing tag (or the end of the text) the way a
-    JSON decoder reads it, so a decoder never nests deeper than the scan found: a call that stops
+    Calls are cut as the tool-call parser cuts them (an opening tag up to the next closing tag, the
+    next call after that; an unclosed one runs to the end of the text) and each is scanned the way
+    a JSON decoder reads it, so a decoder never nests deeper than the scan found: a call that stops
     being valid JSON earlier fails in the decoder with ``ValueError`` first. Linear in the text.
     """
     if text.count("[") + text.count("{") <= limit:  # the common case: too few brackets to matter
@@ -139,5 +140,7 @@ def tool_call_too_deep(text: str, limit: int = MAX_TOOL_CALL_DEPTH) -> bool:
         end = text.find(_TOOL_CALL_CLOSE, body)
         if _depth_from(text, body, len(text) if end == -1 else end, limit):
             return True
-        start = text.find(_TOOL_CALL_OPEN, body)
+        if end == -1:
+            return False
+        start = text.find(_TOOL_CALL_OPEN, end + len(_TOOL_CALL_CLOSE))
     return False
