@@ -2,10 +2,12 @@
 
 A 3-million-word document (HotpotQA paragraphs from the shipped pool, repeated, laid out as
 ``Document i:`` blocks) goes to ``Coordinator.answer`` with the default limit of 1,000,000 tokens.
-``count`` is the former check (tokenize the whole document, then compare); ``bound`` is the current
+``full`` is the former check (tokenize the whole document, then compare); ``bound`` is the current
 one (`coordrl.data.tokens.max_chars_per_token`: refuse from the length alone when it is certainly
-over the limit). Each runs in a fresh process so peak RSS is its own; the growth over the process's
-RSS with the document already built is what the check cost. Target: peak growth <= 2x the document.
+over the limit); ``windows`` is the current one without the length bound, as for a tokenizer whose
+longest token makes the bound weak (`count_tokens_up_to`: counted in windows, stopping past the
+limit). Each runs in a fresh process so peak RSS is its own; the growth over the process's RSS with
+the document already built is what the check cost. Target: peak growth <= 2x the document.
 
     python benchmarks/document_refusal.py [--words 3000000] [--limit 1000000]
 """
@@ -54,20 +56,25 @@ def measure(mode: str, words: int, limit: int) -> dict:
     coord = Coordinator.from_pretrained("scripted", max_document_tokens=limit)
     coord.answer("Document 1:\nParis\nParis is in France.", "Where is Paris?")  # one-time setup
     document = build_document(words)
-    if mode == "count":  # the former check: no length bound, so the whole document is tokenized
-        coord._chars_per_token = None
+    if mode == "windows":
+        coord._chars_per_token = None  # no length bound
     base = rss_bytes()
     traced = None
-    if mode == "bound":  # tracing would slow the count's millions of allocations; RSS says enough there
+    if mode != "full":  # tracing would slow the full count's millions of allocations; RSS says enough there
         tracemalloc.start()
     t0 = time.perf_counter()
     try:
-        coord.answer(document, "Who wrote it?")
+        if mode == "full":  # the former check, verbatim
+            n_tokens = len(coord.tokenizer(document, add_special_tokens=False)["input_ids"])
+            if n_tokens > limit:
+                raise InputError(f"document has {n_tokens:,} tokens, more than the limit of {limit:,}")
+        else:
+            coord.answer(document, "Who wrote it?")
         outcome = "accepted"
     except InputError as e:
         outcome = str(e)
     seconds = time.perf_counter() - t0
-    if mode == "bound":
+    if mode != "full":
         traced = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     return {
@@ -80,18 +87,18 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--words", type=int, default=3_000_000)
     ap.add_argument("--limit", type=int, default=1_000_000)
-    ap.add_argument("--mode", choices=("count", "bound"), help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("full", "windows", "bound"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode:
         print(json.dumps(measure(args.mode, args.words, args.limit)))
         return 0
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; {args.words:,} words, limit {args.limit:,} tokens")
-    for mode in ("count", "bound"):
+    for mode in ("full", "windows", "bound"):
         cmd = [sys.executable, __file__, "--mode", mode, "--words", str(args.words), "--limit", str(args.limit)]
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         size = out["document_bytes"]
         print(
-            f"{mode:>5}: {out['seconds']:.3f} s, peak RSS growth {out['rss_growth'] / 1e6:,.1f} MB "
+            f"{mode:>7}: {out['seconds']:.3f} s, peak RSS growth {out['rss_growth'] / 1e6:,.1f} MB "
             f"({out['rss_growth'] / size:.2f}x the {size / 1e6:,.1f} MB document)"
             + (f", Python-traced peak {out['traced_peak']:,} B" if out["traced_peak"] is not None else "")
             + f"; {out['outcome'][:100]}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
@@ -99,6 +100,50 @@ def max_chars_per_token(tokenizer) -> float | None:
     longest = max(len(token) for token in vocab)  # byte-level entries spell one symbol per byte
     added = [len(t.content.encode("utf-8")) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
     return factor * max([longest, *added])
+
+
+# A window boundary: right after a newline and before a non-space character. The split patterns
+# of the GPT-2, Llama 3 and Qwen families never join a newline to the character after it, so the
+# pre-tokens, and so the tokens, on either side are those of the whole text.
+_WINDOW_CUT = re.compile(r"\n(?=\S)")
+# Characters each side of a cut tokenized together and apart to check that the cut is clean.
+_CUT_CHECK_CHARS = 64
+
+
+def count_tokens_up_to(tokenizer, text: str, limit: int, window_chars: int = 1 << 18) -> int:
+    """Tokens of ``text`` (no special tokens added): exact when at most ``limit``; past the limit,
+    counting stops and some number above ``limit`` is returned.
+
+    The text is tokenized in windows of about ``window_chars`` characters (default 262,144) cut at
+    newlines (`_WINDOW_CUT`), so memory stays that of one window rather than growing with the
+    document, and an over-long document is only read up to the limit. Every cut is checked (the
+    characters around it tokenize to the same count together as apart); when one is not clean, or
+    the text has no cut, the whole text is tokenized at once, as before.
+    """
+
+    def count(piece: str) -> int:
+        return len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+
+    cuts: list[int] = []
+    pos = window_chars
+    while pos < len(text) - window_chars:
+        match = _WINDOW_CUT.search(text, pos)
+        if match is None:
+            break
+        cut = match.end()
+        left, right = text[max(0, cut - _CUT_CHECK_CHARS) : cut], text[cut : cut + _CUT_CHECK_CHARS]
+        if count(left + right) != count(left) + count(right):
+            return count(text)
+        cuts.append(cut)
+        pos = cut + window_chars
+    if not cuts:
+        return count(text)
+    total = 0
+    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        total += count(text[start:end])
+        if total > limit:
+            break
+    return total
 
 
 class TokenCounter:

@@ -337,12 +337,13 @@ class Coordinator:
 
         A document too long to be within the limit is refused from its length alone, before any
         tokenization: tokenizing millions of words takes seconds and gigabytes, and its count is
-        not needed to say no. Only a document near the limit is tokenized to decide.
+        not needed to say no. Any other document is counted in windows that stop past the limit
+        (`coordrl.data.tokens.count_tokens_up_to`), so memory stays that of one window.
         """
+        from coordrl.data.tokens import count_tokens_up_to, max_chars_per_token
+
         limit = self.max_document_tokens
         if self._chars_per_token is _UNSET:
-            from coordrl.data.tokens import max_chars_per_token
-
             self._chars_per_token = max_chars_per_token(self.tokenizer)
         per_token = self._chars_per_token
         if per_token is not None and len(text) > per_token * limit:
@@ -351,9 +352,9 @@ class Coordinator:
                 f"characters are at least {math.ceil(len(text) / per_token):,} tokens; split it or raise the limit"
             )
         _check_unicode(text, "document")
-        n_tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        n_tokens = count_tokens_up_to(self.tokenizer, text, limit)
         if n_tokens > limit:
-            raise InputError(f"document has {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit")
+            raise InputError(f"document has at least {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit")
         return n_tokens
 
     def answer(self, document: str | bytes, question: str) -> Answer:
