@@ -1,0 +1,280 @@
+"""Build the world reader: a tiny Qwen3 that answers a lead query about one world chunk, or says Unknown.
+
+Input: exactly the prompt every model reader gets from the fleet,
+``tokenizer.apply_chat_template(reader_messages(chunk, query), add_generation_prompt=True,
+enable_thinking=False)`` with the tokenizer and chat template saved next to the weights (what a vLLM
+server applies). Output: ``"<title>: <sentence>"`` (the document's fact sentence in the lexical
+reader's form, e.g. ``"Nuvol: The film Nuvol was directed by Mefi and filmed in Girer."``) when the
+chunk holds the asked fact, else exactly ``Unknown``; then ``<|im_end|>``.
+
+Data recipe (`coordrl.data.world_reader`): chunks of the world's training questions
+(``world_splits(n_train, n_heldout)``: held-out questions are drawn first and their chains never occur
+in training) and the three lead queries (``q_director``, ``q_city``, ``q_decade``). Every step asks
+``queries`` questions about each of ``chunks`` random chunks; each question is a positive with
+probability ``p_positive``, else a negative of kind ``hard`` (the entity is in the chunk, the asked
+fact is not: a film's director whose own document is elsewhere, a person's other fact), ``row`` (an
+entity of the same question, document in another chunk), ``absent`` (never mentioned) or
+``wrong_type`` (an entity of the chunk in the wrong slot), drawn with ``negative_mix``. Facts are drawn
+afresh for every question, so nothing can be memorised: the model must read.
+
+Model: fine-tuned from ``init``, the kept world warm start (``scripts/build_warm_start.py``: Qwen3,
+hidden 256, 4 layers, 4 heads of 64, as vLLM's CPU attention needs, 2 KV heads, MLP 512, tied
+embeddings, float32, 11 MB; the world tokenizer, every entity name one token). That policy already
+copies names out of reader findings, the skill a reader needs. Measured on 2 shared cores: from random
+weights (hidden 128 and 256, 1,000 and 200 steps) the loss stalled at the template level (0.8-1.2 nats
+per answer token) and every held-out reply was ``Unknown``; from the warm start it fell below 0.15
+within 225 steps.
+
+Training: plain PyTorch, AdamW, linear warm-up then cosine decay, a fixed number of ``steps``, loss on
+the answer tokens only (``<|im_end|>`` included). Keys/values are shared in three stages: the
+instructions (same in every prompt) once per step, each passage once per chunk, then each question
+and answer. ``--threads`` (default 2) sets ``torch.set_num_threads``; it changes speed only. Seeded:
+the same arguments give the same data order and weights on the same machine.
+
+Held-out figures (greedy, transformers) on `eval_examples` of the first ``n_eval_rows`` held-out
+questions go into ``coordrl_world_reader.json`` with the recipe; ``benchmarks/world_reader.py``
+measures all 200 (and through vLLM with ``--vllm``). Build time and machine load: docs/world_reader.md.
+
+    python scripts/build_world_reader.py                # writes src/coordrl/resources/world_reader
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "src" / "coordrl" / "resources" / "world_reader"
+META_NAME = "coordrl_world_reader.json"
+
+# The recipe; the kept model's metadata records exactly these (a test checks they match).
+DEFAULTS: dict = {
+    "seed": 0,
+    "init": "src/coordrl/resources/warm_start",
+    "steps": 800,
+    "chunks": 16,
+    "queries": 4,
+    "lr": 1e-3,
+    "warmup": 60,
+    "min_lr_frac": 0.05,
+    "weight_decay": 0.01,
+    "n_train": 2000,
+    "n_heldout": 200,
+    "n_eval_rows": 20,
+    "p_positive": 0.5,
+    "negative_mix": {"hard": 0.45, "row": 0.2, "absent": 0.15, "wrong_type": 0.2},
+}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def prompt_ids(tok, chunk: str, query: str) -> list[int]:
+    """The token ids a vLLM server builds from the fleet's request for (chunk, query)."""
+    from coordrl.rollout.reader_prompt import (
+        READER_CHAT_TEMPLATE_KWARGS,
+        reader_messages,
+    )
+
+    return list(
+        tok.apply_chat_template(
+            reader_messages(chunk, query), add_generation_prompt=True, tokenize=True, return_dict=False, **READER_CHAT_TEMPLATE_KWARGS
+        )
+    )
+
+
+def greedy_replies(model, tok, examples, batch_size: int = 64, max_new_tokens: int = 32) -> list[str]:
+    """Greedy replies of ``model`` to ``examples`` (left-padded batches), decoded without special tokens."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    replies: list[str] = []
+    model.eval()
+    for start in range(0, len(examples), batch_size):
+        batch = [prompt_ids(tok, e.chunk, e.query) for e in examples[start : start + batch_size]]
+        width = max(map(len, batch))
+        inp = torch.tensor([[pad] * (width - len(b)) + b for b in batch])
+        att = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch])
+        with torch.no_grad():
+            out = model.generate(inp, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        for row in out[:, width:].tolist():
+            if eos in row:
+                row = row[: row.index(eos)]
+            replies.append(tok.decode(row, skip_special_tokens=True).strip())
+    return replies
+
+
+def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
+    """Train the world reader with ``DEFAULTS`` updated by ``overrides`` and save it to ``out``;
+    returns the metadata written next to the weights. ``threads``: torch threads (not part of the
+    recipe: it changes speed, not the data or the steps)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from coordrl.data.world import make_world, world_splits
+    from coordrl.data.world_reader import eval_examples, sample_chunk, score_replies
+    from coordrl.rollout.tiny_qwen3 import save_tokenizer
+
+    cfg = {**DEFAULTS, **overrides}
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown build option(s): {sorted(unknown)}")
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    random.seed(cfg["seed"])
+    torch.manual_seed(cfg["seed"])
+    tmp = out.with_name(out.name + ".building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    init = ROOT / cfg["init"]
+    tok = AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(init), use_safetensors=True, dtype=torch.float32, local_files_only=True)
+    tmp.mkdir(parents=True)
+    world = make_world(0)
+    splits = world_splits(cfg["n_train"], cfg["n_heldout"], seed=0)
+    rng = random.Random(cfg["seed"])
+    eos, pad_id = tok.eos_token_id, tok.pad_token_id
+
+    # The instructions' ids are a prefix of every prompt (the passage starts right after them).
+    probe = [prompt_ids(tok, "a", "b"), prompt_ids(tok, "Document 1:\nc", "d")]
+    prefix_len = next(i for i, (a, b) in enumerate(zip(*probe)) if a != b)
+    prefix_ids = probe[0][:prefix_len]
+    prefix = torch.tensor([prefix_ids])
+    log(f"vocab {len(tok)}; shared instruction prefix {prefix_len} tokens ({time.time() - t0:.0f}s)")
+
+    def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+        w = max(map(len, rows))
+        return torch.tensor([r + [value] * (w - len(r)) for r in rows])
+
+    def batch() -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Passages (ids after the instructions, up to the question) of ``chunks`` chunks, and per
+        chunk ``queries`` tails (question, generation prompt, answer) with their loss masks."""
+        passages, tails, masks = [], [], []
+        for _ in range(cfg["chunks"]):
+            group = sample_chunk(rng, splits["train"], world, cfg["queries"], cfg["p_positive"], cfg["negative_mix"])
+            prompts = [prompt_ids(tok, e.chunk, e.query) for e in group]
+            # The passage ends where a prompt with another question starts to differ.
+            other = prompt_ids(tok, group[0].chunk, "?")
+            cut = min(next((i for i, (a, b) in enumerate(zip(ids, other)) if a != b), len(ids) - 1) for ids in prompts)
+            if any(ids[:prefix_len] != prefix_ids for ids in prompts) or cut <= prefix_len:
+                raise RuntimeError(f"prompt for {group[0].query!r} does not start with the instruction prefix")
+            passages.append(prompts[0][prefix_len:cut])
+            for e, ids in zip(group, prompts, strict=True):
+                answer = tok(e.answer, add_special_tokens=False)["input_ids"] + [eos]
+                tails.append(ids[cut:] + answer)
+                masks.append([0] * (len(ids) - cut) + [1] * len(answer))
+        return passages, tails, masks
+
+    def loss_of(passages: list[list[int]], tails: list[list[int]], masks: list[list[int]]) -> torch.Tensor:
+        # Three stages share keys/values: the instructions (once), each passage (once per chunk),
+        # then every query's tail. Padding sits inside the cache, so an attention mask hides it.
+        n, k = len(passages), len(tails) // len(passages)
+        cache = DynamicCache()
+        model(input_ids=prefix, cache=cache, use_cache=True)
+        cache.batch_repeat_interleave(n)
+        lengths = torch.tensor([len(p) for p in passages])
+        p_ids = pad(passages, pad_id)
+        p_att = (torch.arange(p_ids.size(1)).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        att = torch.cat([torch.ones(n, prefix_len, dtype=torch.long), p_att], dim=1)
+        pos = prefix_len + torch.arange(p_ids.size(1)).unsqueeze(0).expand(n, -1)
+        model(input_ids=p_ids, cache=cache, attention_mask=att, position_ids=pos, use_cache=True)
+        cache.batch_repeat_interleave(k)
+        t_ids, m = pad(tails, pad_id), pad(masks, 0)
+        # Right padding of the tails: causal attention never lets a real token see a pad.
+        att = torch.cat([att.repeat_interleave(k, dim=0), torch.ones(t_ids.shape, dtype=torch.long)], dim=1)
+        pos = (prefix_len + lengths.repeat_interleave(k)).unsqueeze(1) + torch.arange(t_ids.size(1)).unsqueeze(0)
+        hidden = model.model(input_ids=t_ids, cache=cache, attention_mask=att, position_ids=pos, use_cache=True).last_hidden_state[:, :-1]
+        # The output layer runs only where the loss is: the answer tokens.
+        keep = m[:, 1:] > 0
+        return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]), t_ids[:, 1:][keep])
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=(0.9, 0.98))
+    steps, warmup = cfg["steps"], cfg["warmup"]
+    history = []
+    model.train()
+    for step in range(steps):
+        if step < warmup:
+            scale = (step + 1) / warmup
+        else:  # cosine from 1 down to min_lr_frac
+            progress = (step - warmup) / max(1, steps - warmup)
+            scale = cfg["min_lr_frac"] + (1 - cfg["min_lr_frac"]) * 0.5 * (1 + math.cos(math.pi * progress))
+        for g in opt.param_groups:
+            g["lr"] = cfg["lr"] * scale
+        loss = loss_of(*batch())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % 25 == 0 or step < 3 or step + 1 == steps:
+            history.append({"step": step + 1, "loss": round(loss.item(), 4), "s": round(time.time() - t0, 1)})
+            log(f"step {step + 1}/{steps}: loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
+    train_s = time.time() - t0
+    model.eval()
+    examples = eval_examples(splits["heldout"][: cfg["n_eval_rows"]], world)
+    figures = score_replies(examples, greedy_replies(model, tok, examples))
+    log(f"held-out ({cfg['n_eval_rows']} questions, {len(examples)} prompts): {json.dumps(figures)}")
+    model.generation_config.do_sample = False
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    save_tokenizer(tok, tmp)
+    meta = {
+        "what": "coordrl world reader (scripts/build_world_reader.py)",
+        "recipe": cfg,
+        # Which warm start it grew from: the init folder's weights may be rebuilt later.
+        "init_model_sha256": hashlib.sha256((init / "model.safetensors").read_bytes()).hexdigest(),
+        "shape": {
+            k: getattr(model.config, k)
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+        },
+        "prefix_tokens": prefix_len,
+        "torch_threads": threads,
+        "train_seconds": round(train_s, 1),
+        "build_seconds": round(time.time() - t0, 1),
+        "heldout": figures,
+        "history": history,
+    }
+    (tmp / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) in {time.time() - t0:.0f}s")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT.relative_to(ROOT)})")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help=f"training steps (default {DEFAULTS['steps']})")
+    p.add_argument("--chunks", type=int, default=DEFAULTS["chunks"], help=f"chunks per step (default {DEFAULTS['chunks']})")
+    p.add_argument("--queries", type=int, default=DEFAULTS["queries"], help=f"queries per chunk (default {DEFAULTS['queries']})")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--init", default=DEFAULTS["init"], help=f"model folder to fine-tune, relative to the repository (default {DEFAULTS['init']})")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end")
+    a = p.parse_args(argv)
+    if min(a.steps, a.chunks, a.queries, a.threads) < 1:
+        p.error("--steps, --chunks, --queries and --threads must be positive")
+    overrides = {
+        k: v
+        for k, v in {
+            "seed": a.seed,
+            "steps": a.steps,
+            "chunks": a.chunks,
+            "queries": a.queries,
+            "lr": a.lr,
+            "init": a.init,
+            "n_eval_rows": a.n_eval_rows,
+        }.items()
+        if v != DEFAULTS[k]
+    }
+    build(Path(a.out), threads=a.threads, **overrides)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
