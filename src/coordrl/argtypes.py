@@ -6,41 +6,30 @@ import argparse
 from typing import Any
 
 
+def _checked(text: str, cast: type, ok, kind: str, want: str):
+    """``cast(text)`` when ``ok`` holds for it; else an argparse error naming the bad value."""
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1, or an argparse error naming the bad value."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _checked(text, int, lambda v: v >= 1, "an integer", "a positive integer")
 
 
 def positive_float(text: str) -> float:
     """A number > 0 (seconds), or an argparse error naming the bad value."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number of seconds, got {text!r}"
-        ) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of seconds, got {text}"
-        )
-    return value
+    return _checked(text, float, lambda v: v > 0, "a number of seconds", "a positive number of seconds")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0, or an argparse error naming the bad value."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _checked(text, int, lambda v: v >= 0, "an integer", "an integer >= 0")
 
 
 def add_reader_limit_flags(p: argparse.ArgumentParser) -> None:
