@@ -49,7 +49,7 @@ def evaluate(path: str | Path, rows: list[dict], seed: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from coordrl.data.world import evaluate_world
+    from coordrl.rollout.world import evaluate_world
 
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)

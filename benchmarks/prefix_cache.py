@@ -1,7 +1,7 @@
 """Prefix-cache benchmark: repeated reader queries over the same chunks on a real vLLM CPU server.
 
 Starts one vLLM CPU server (``.venv-vllm``, see scripts/setup_vllm_cpu.sh) through
-``coordrl.rollout.serve`` on the tiny random Qwen3 (or ``--model DIR``), cuts real HotpotQA sample
+``coordrl.readers.serve`` on the tiny random Qwen3 (or ``--model DIR``), cuts real HotpotQA sample
 text into chunks with the model's tokenizer, then runs a cold phase (one query per chunk) and a
 repeated phase (``--queries`` new questions per chunk), and prints each phase's prefix-cache hit
 rate read from the server's ``/metrics`` counters, with the mean request latency.
@@ -24,14 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from transformers import AutoTokenizer  # noqa: E402
+
 from coordrl.data.chunk import chunk_context  # noqa: E402
 from coordrl.data.layout import render_context  # noqa: E402
 from coordrl.data.records import load_records  # noqa: E402
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet  # noqa: E402
-from coordrl.rollout.readers_base import ReaderRequest  # noqa: E402
-from coordrl.rollout.serve import prefix_cache_counters, start_reader_servers  # noqa: E402
+from coordrl.readers.base import ReaderRequest  # noqa: E402
+from coordrl.readers.openai_fleet import OpenAIReaderFleet  # noqa: E402
+from coordrl.readers.serve import prefix_cache_counters, start_reader_servers  # noqa: E402
 from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 
 QUESTIONS = [
     "Who directed the film?",

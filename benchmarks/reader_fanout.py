@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 import httpx  # noqa: E402
 
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet  # noqa: E402
-from coordrl.rollout.readers_base import ReaderRequest  # noqa: E402
+from coordrl.readers.base import ReaderRequest  # noqa: E402
+from coordrl.readers.openai_fleet import OpenAIReaderFleet  # noqa: E402
 
 DOC_TOKENS = 896_000
 CHARS_PER_TOKEN = 4

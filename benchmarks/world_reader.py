@@ -60,9 +60,9 @@ def show(label: str, figures: dict) -> bool:
 
 def vllm_replies(model_dir: Path, examples, python: str | None) -> tuple[list[str], float, float]:
     """Replies through a vLLM CPU server and the fleet; returns (replies, seconds, prefix-cache hit rate)."""
-    from coordrl.rollout.openai_fleet import OpenAIReaderFleet
-    from coordrl.rollout.readers_base import ReaderRequest
-    from coordrl.rollout.serve import prefix_cache_counters, start_reader_servers
+    from coordrl.readers.base import ReaderRequest
+    from coordrl.readers.openai_fleet import OpenAIReaderFleet
+    from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -41,12 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     """Build the model folder and print what was written."""
     args = parse_args(argv)
 
-    from coordrl.rollout.tiny_qwen3 import (
-        build_tiny_qwen3,
+    from coordrl.data.tokenizer import (
         load_shipped_tokenizer,
         shipped_training_texts,
         train_tokenizer,
     )
+    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
     if args.retrain_tokenizer:
         tokenizer = train_tokenizer(shipped_training_texts(), vocab_size=args.vocab_size)

@@ -58,7 +58,7 @@ DEFAULT_P_GOOD = {"bridge": 0.35, "comparison": 0.35}
 def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[int]) -> dict[str, float]:
     """Share of entity names a policy gets right (argmax, teacher-forced) in the solving demonstration
     of each row, per question type and for the first query's name: copying, apart from branching."""
-    from coordrl.data.world import demo_ids
+    from coordrl.rollout.world import demo_ids
 
     hits: dict[str, list[int]] = {}
     with torch.no_grad():
@@ -82,18 +82,16 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
           adjacent_frac: float = 0.5, adjacent_from: int = 250) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from coordrl.data.world import (
-        DECADES,
+    from coordrl.data.tokenizer import save_tokenizer
+    from coordrl.data.world import DECADES, decade_sentence, make_world, world_splits
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
+    from coordrl.rollout.world import (
         build_world_tokenizer,
-        decade_sentence,
         demo_ids,
         evaluate_world,
         make_env_factory,
-        make_world,
-        world_splits,
     )
-    from coordrl.envs.chat import ChatCodec
-    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3, save_tokenizer
 
     if threads:
         torch.set_num_threads(threads)

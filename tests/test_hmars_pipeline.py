@@ -19,9 +19,10 @@ from coordrl.data.build import SweepConfig, build_sweep
 from coordrl.data.show import load_built
 from coordrl.inference.coordinator import Coordinator
 from coordrl.inference.export import POLICY_META, resolve_policy
+from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER
 from coordrl.testing import scripted_trainer_class
 from coordrl.train.config import load_config
-from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, build_trainer
+from coordrl.train.run import build_trainer
 from coordrl.train.trainer import CoordGRPOTrainer
 
 pytestmark = pytest.mark.timeout(600)
@@ -193,8 +194,9 @@ def _scripted_mid_agent(tokenizer):
 
 
 def _assert_hmars_roles_saw_their_inputs(server, tokenizer, row) -> None:
-    from coordrl.rollout.reader_prompt import sanitize_reader_text
     from recording_server import user_text
+
+    from coordrl.readers.prompt import sanitize_reader_text
 
     context = sanitize_reader_text(row["context"])
     question = sanitize_reader_text(row["question"])

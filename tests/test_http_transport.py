@@ -8,7 +8,7 @@ import contextlib
 import httpx
 import pytest
 
-from coordrl.rollout.http_transport import LeanAsyncTransport
+from coordrl.readers.http_transport import LeanAsyncTransport
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordrl.data.world import evaluate_world, world_splits
+from coordrl.data.world import world_splits
+from coordrl.rollout.models import WORLD_MODEL, resolve_model
+from coordrl.rollout.world import evaluate_world
 from coordrl.train.config import load_config
-from coordrl.train.run import WORLD_MODEL, resolve_model, train
+from coordrl.train.run import train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml"
 STEPS = 60

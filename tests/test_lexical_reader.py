@@ -9,10 +9,10 @@ import pytest
 
 from coordrl.data.layout import Paragraph, render_context
 from coordrl.data.records import load_records
+from coordrl.readers.base import UNKNOWN, ReaderFleet, ReaderRequest
+from coordrl.readers.lexical import LexicalReader, split_chunk_sentences
+from coordrl.readers.prompt import reader_messages, sanitize_reader_text
 from coordrl.rewards.extract import extract_answer
-from coordrl.rollout.lexical import LexicalReader, split_chunk_sentences
-from coordrl.rollout.reader_prompt import reader_messages, sanitize_reader_text
-from coordrl.rollout.readers_base import UNKNOWN, ReaderFleet, ReaderRequest
 
 
 @pytest.fixture(scope="module")

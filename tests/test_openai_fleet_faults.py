@@ -16,8 +16,8 @@ import httpx
 import pytest
 from fault_injecting_server import FaultInjectingFakeServer
 
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet, health, replica_index
-from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest
+from coordrl.readers.base import ReaderFleet, ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet, health, replica_index
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,9 +11,9 @@ from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.chat import ChatCodec, env_tools
 from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory, ParserLeadEnv
 from coordrl.envs.step import StepEnv
+from coordrl.readers.base import ReaderResult
 from coordrl.rollout.episode import run_episode
 from coordrl.rollout.policies import ScriptedLead
-from coordrl.rollout.readers_base import ReaderResult
 
 
 @pytest.fixture(scope="module")

@@ -382,7 +382,7 @@ def test_tool_call_depth_scan_reads_json_strings():
 
 
 def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
-    from coordrl.rollout.evaluate import _TraceWriter, read_traces
+    from coordrl.eval.evaluate import _TraceWriter, read_traces
     from coordrl.train.reward import EpisodeReward
 
     tok = load_tokenizer(None)

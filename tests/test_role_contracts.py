@@ -30,10 +30,10 @@ from coordrl.envs.hmars_prompts import (
     region_writer_messages,
     selector_messages,
 )
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet
-from coordrl.rollout.reader_prompt import READER_INSTRUCTIONS, sanitize_reader_text
-from coordrl.rollout.readers_base import ReaderRequest
-from coordrl.train.run import WORLD_MODEL, resolve_model
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
+from coordrl.readers.prompt import READER_INSTRUCTIONS, sanitize_reader_text
+from coordrl.rollout.models import WORLD_MODEL, resolve_model
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,14 +21,14 @@ from trl.chat_template_utils import (
     qwen3_training_chat_template,
 )
 
-from coordrl.rollout.tiny_qwen3 import (
+from coordrl.data.tokenizer import (
     ADDED_TOKENS,
     SPECIAL_TOKENS,
-    build_tiny_qwen3,
     load_shipped_tokenizer,
     save_tokenizer,
     train_tokenizer,
 )
+from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
 # Small enough to build in well under a second, but head_dim stays at the vLLM-compatible 64.
 TINY_SHAPE = dict(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=64, intermediate_size=128)
@@ -223,7 +223,7 @@ def test_shipped_tokenizer_loads_from_a_zip(monkeypatch, tmp_path):
     # Installed as a zipped package, the resource is not a real directory; the loader must copy it out.
     import zipfile
 
-    import coordrl.rollout.tiny_qwen3 as tiny
+    import coordrl.data.tokenizer as tiny
 
     shipped_dir = Path(tiny.__file__).resolve().parent.parent / "resources" / "tokenizer"
     archive = tmp_path / "tok.zip"
@@ -239,7 +239,7 @@ def test_shipped_tokenizer_loads_from_a_zip(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_shipped_tokenizer_is_reproducible(tmp_path):
     # The committed tokenizer must be exactly what build_shipped_tokenizer() produces (about 6 s).
-    import coordrl.rollout.tiny_qwen3 as tiny
+    import coordrl.data.tokenizer as tiny
 
     shipped_dir = Path(tiny.__file__).resolve().parent.parent / "resources" / "tokenizer"
     rebuilt = tiny.build_shipped_tokenizer(tmp_path / "tok")

@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 
 from coordrl.cli import main
+from coordrl.rollout.models import (
+    CHECKPOINT_META,
+    COMPLETE_MARKER,
+    latest_complete_checkpoint,
+)
 from coordrl.testing import LatencyInjectingFleet, scripted_trainer_class
 from coordrl.train.config import ConfigError, load_config
-from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER, build_trainer, latest_complete_checkpoint
+from coordrl.train.run import build_trainer
 from coordrl.train.trainer import CoordGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,10 +19,11 @@ import pytest
 from coordrl.data.chunk import chunk_context
 from coordrl.data.layout import render_context
 from coordrl.data.records import load_records
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet, health
-from coordrl.rollout.readers_base import ReaderRequest
-from coordrl.rollout.serve import prefix_cache_counters, start_reader_servers
-from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3, load_shipped_tokenizer
+from coordrl.data.tokenizer import load_shipped_tokenizer
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet, health
+from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
+from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

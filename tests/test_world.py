@@ -8,13 +8,15 @@ from coordrl.data.world import (
     DECADES,
     QUESTION_TYPES,
     build_world_dataset,
+    make_world,
+    scripted_turns,
+    world_splits,
+)
+from coordrl.rollout.world import (
     build_world_tokenizer,
     demo_ids,
     make_env_factory,
-    make_world,
-    scripted_turns,
     with_world_prompt,
-    world_splits,
 )
 
 
@@ -116,8 +118,9 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
 
     from transformers import AutoTokenizer
 
-    from coordrl.data.world import WORLD_SYSTEM_PROMPT, with_world_prompt
-    from coordrl.train.run import WORLD_MODEL, resolve_model
+    from coordrl.data.world import WORLD_SYSTEM_PROMPT
+    from coordrl.rollout.models import WORLD_MODEL, resolve_model
+    from coordrl.rollout.world import with_world_prompt
 
     kept = resolve_model(WORLD_MODEL)
     kept_tok = AutoTokenizer.from_pretrained(kept)

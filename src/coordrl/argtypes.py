@@ -49,3 +49,7 @@ def reader_limits(args: Any) -> dict[str, float | int]:
     if getattr(args, "reader_retries", None) is not None:
         out["reader_retries"] = args.reader_retries
     return out
+
+
+class UsageError(ValueError):
+    """A flag combination that cannot work; reported like a data error."""

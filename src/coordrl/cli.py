@@ -17,13 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.argtypes import add_reader_limit_flags, reader_limits
+from coordrl.argtypes import UsageError, add_reader_limit_flags, reader_limits
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
-
-
-class UsageError(ValueError):
-    """A flag combination that cannot work; reported like a data error."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -255,12 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_reader_limit_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
-    from coordrl.rollout.serve import add_serve_readers_parser
+    from coordrl.readers.serve import add_serve_readers_parser
 
     add_serve_readers_parser(sub)
+    from coordrl.eval.evaluate import add_eval_parser
     from coordrl.inference.coordinator import add_answer_parser
     from coordrl.inference.export import add_export_parser
-    from coordrl.rollout.evaluate import add_eval_parser
 
     add_eval_parser(sub)
     add_export_parser(sub)

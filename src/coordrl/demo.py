@@ -60,9 +60,11 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from coordrl.data.world import build_world_dataset, evaluate_world
+    from coordrl.data.world import build_world_dataset
+    from coordrl.rollout.models import WORLD_MODEL, resolve_model
+    from coordrl.rollout.world import evaluate_world
     from coordrl.train.config import load_config
-    from coordrl.train.run import WORLD_MODEL, resolve_model, train
+    from coordrl.train.run import train
 
     _rule(1, "the synthetic multi-hop world: fresh chains per question, lexical readers (coordrl.data.world)")
     paths = build_world_dataset(out / "data", n_train=4000, n_heldout=200, seed=0)
@@ -124,7 +126,8 @@ def length_sweep(out: Path, policies: dict[str, str], n: int) -> dict[str, dict[
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from coordrl.data.world import evaluate_world, make_world, world_rows
+    from coordrl.data.world import make_world, world_rows
+    from coordrl.rollout.world import evaluate_world
 
     world = make_world(0)
     rows = {length: world_rows(n, 0, world, prefix="heldout", n_docs=length)[0] for length in WORLD_LENGTHS}
@@ -240,8 +243,9 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
     print(format_episode(episode, max_chars=400))
 
     _rule(11, "GRPO on TRL: tiny random-weight policy, lexical readers (configs/tiny_cpu.yaml)")
+    from coordrl.rollout.models import latest_complete_checkpoint
     from coordrl.train.config import load_config
-    from coordrl.train.run import latest_complete_checkpoint, train
+    from coordrl.train.run import train
 
     run_dir = out / "grpo"
     cfg = load_config(CONFIGS / "tiny_cpu.yaml", {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
@@ -254,9 +258,9 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
 
 
 def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict, summary: dict[str, Any]) -> None:
+    from coordrl.eval.evaluate import EvalConfig, evaluate
     from coordrl.inference.coordinator import Coordinator
     from coordrl.inference.export import export_policy
-    from coordrl.rollout.evaluate import EvalConfig, evaluate
 
     _rule(12, "evaluate the checkpoint on the sweep (PARSER eval settings: 12 rounds, 4,096-token chunks)")
     eval_dir = out / "eval"

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 
 
 def scripted_trainer_class(base: type, rounds: int | Callable[[int], int], query: str = "Who directed the film?", call: dict | None = None) -> type:
@@ -50,7 +50,7 @@ class LatencyInjectingFleet:
     inner fleet (lexical by default). Records how many batches were in flight at once."""
 
     def __init__(self, delay_s: float, inner: ReaderFleet | None = None) -> None:
-        from coordrl.rollout.lexical import LexicalReader
+        from coordrl.readers.lexical import LexicalReader
 
         self.delay_s = delay_s
         self.inner = inner or LexicalReader()

@@ -12,8 +12,8 @@ import hashlib
 import json
 import multiprocessing as mp
 import shutil
-from contextlib import nullcontext
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path

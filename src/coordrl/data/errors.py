@@ -20,3 +20,7 @@ class BadRecordError(DataError):
             f"bad record {record_id!r}{where}: {problem}: {detail} "
             "(pass --on-bad-record skip to skip such records and count them in the dataset card)"
         )
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key or file."""

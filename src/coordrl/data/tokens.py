@@ -19,7 +19,12 @@ from importlib import resources
 from pathlib import Path
 
 from coordrl.data.errors import DataError
-from coordrl.data.layout import DOC_SEPARATOR, Paragraph, document_header, render_context
+from coordrl.data.layout import (
+    DOC_SEPARATOR,
+    Paragraph,
+    document_header,
+    render_context,
+)
 
 SHIPPED_TOKENIZER = "coordrl-tiny"
 

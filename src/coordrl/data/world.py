@@ -302,46 +302,6 @@ def build_world_dataset(out: str | Path, n_train: int = 4000, n_heldout: int = 2
 WORLD_SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+s?| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
-def _corpus_texts(world: World) -> list[str]:
-    """Text the world tokenizer is trained on: names, templates, prompts and tool-call shapes."""
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-    from coordrl.rollout.tiny_qwen3 import _synthetic_tool_texts
-
-    texts = [LEAD_SYSTEM_PROMPT, WORLD_SYSTEM_PROMPT, "Question: ", "Unknown", "dummy", "{}}", '{"dummy": {}}']
-    rng = random.Random(0)
-    names = list(world.names)
-    for name in names:
-        for _ in range(3):
-            texts.append(f" {name}")
-        texts.append(f"Document 1:\n{name}\n{name}: {name}.")
-    for _ in range(200):
-        row, _ = make_question(rng, world, rng.choice(QUESTION_TYPES))
-        texts.append(row["question"])
-        texts.append(row["context"])
-    qs = [bridge_question(f) for f in world.films[:20]] + [comparison_question(a, b) for a, b in zip(world.people[:20], world.people[20:40], strict=True)]
-    texts.extend(_synthetic_tool_texts(qs, list(world.people[:40])))
-    for p in world.people[:40]:
-        texts.append(json.dumps({"name": "query_agents", "arguments": {"queries": [q_city(p), q_decade(p)]}}))
-        texts.append(f"<answer> {p}</answer>")
-    return texts
-
-
-def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, vocab_size: int = 4096):
-    """The world tokenizer (a ``PreTrainedTokenizerFast``); see the module docstring.
-
-    Raises ValueError when some entity name is not a single leading-space token.
-    """
-    from coordrl.rollout.tiny_qwen3 import train_tokenizer
-
-    world = make_world(seed)
-    # Every name must be one token: merge pairs seen once, and split words the world's way.
-    tok = train_tokenizer(_corpus_texts(world) + list(extra_texts or []), vocab_size, split_pattern=WORLD_SPLIT_PATTERN, min_frequency=1)
-    bad = [n for n in world.names if len(tok(f" {n}", add_special_tokens=False)["input_ids"]) != 1]
-    if bad:
-        raise ValueError(f"{len(bad)} names are not single tokens (e.g. {bad[:5]}); raise vocab_size")
-    return tok
-
-
 # -- scripted demonstrations and batched evaluation (warm start, learning check) ------------------
 
 # The world's lead-agent system prompt (configs/world_cpu.yaml sets the same text). The protocol of
@@ -354,13 +314,6 @@ WORLD_SYSTEM_PROMPT = (
 
 # Environment settings the world runs with (configs/world_cpu.yaml uses the same values).
 WORLD_ENV = {"readers": "lexical", "lexical_threshold": 0.9, "chunk_tokens": 48, "max_turns": 3, "observation_max_tokens": 256}
-
-
-def with_world_prompt(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with the ``prompt`` column `coordrl train` gives it under configs/world_cpu.yaml."""
-    from coordrl.envs.prompts import lead_prompt
-
-    return {**row, "prompt": lead_prompt(row["question"], WORLD_SYSTEM_PROMPT)}
 
 
 def tool_call_text(queries: list[str]) -> str:
@@ -387,91 +340,3 @@ def scripted_turns(row: dict[str, Any], good: bool) -> list[str]:
     return [tool_call_text([q_decade(p1)]), answer_text(decade_text(chain["decades"][0]))]
 
 
-def make_env_factory(tokenizer, **overrides: Any):
-    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
-
-    return ParserEnvFactory(ParserEnvConfig(**{**WORLD_ENV, **overrides}), tokenizer=tokenizer)
-
-
-def demo_ids(row: dict[str, Any], good: bool, codec, factory, max_completion_tokens: int | None = None) -> tuple[list[int], list[int]]:
-    """``(ids, loss_mask)`` of a scripted episode built exactly as TRL builds a rollout: prompt ids with
-    TRL's training template, each assistant turn's ids (loss 1), each tool round's suffix ids (loss 0)."""
-    from coordrl.envs.step import StepEnv
-
-    env = StepEnv(factory(), codec, max_turns=WORLD_ENV["max_turns"], max_completion_tokens=max_completion_tokens)
-    env.reset(**with_world_prompt(row))
-    ids, mask = list(env.prompt_ids), [0] * len(env.prompt_ids)
-    for turn in scripted_turns(row, good):
-        before = len(env.completion_ids)
-        step = env.step(turn)
-        n_turn = len(codec.encode_turn(turn))
-        new = env.completion_ids[before:]
-        ids += new
-        mask += [1] * n_turn + [0] * (len(new) - n_turn)
-        if step.terminated or step.truncated:
-            break
-    return ids, mask
-
-
-def evaluate_world(model, tokenizer, rows: list[dict[str, Any]], *, sample: bool, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 48, max_completion_tokens: int | None = 1024, mapreduce: bool = False) -> dict[str, Any]:
-    """Exact match per question type of ``model`` on ``rows``, episodes run in batches through `StepEnv`
-    (the same parsing, tools, suffixes and caps as TRL's loop). ``sample``: temperature 1, else greedy.
-    ``mapreduce``: the one-round baseline: a scripted first turn broadcasts the question itself, then
-    the model has one turn to answer from those findings."""
-    import torch
-
-    from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.step import StepEnv
-
-    codec = ChatCodec(tokenizer)
-    factory = make_env_factory(tokenizer)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    torch.manual_seed(seed)
-    results: list[tuple[str, float, int]] = []
-    model.eval()
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        turns = 1 if mapreduce else WORLD_ENV["max_turns"]
-        envs = [StepEnv(factory(), codec, max_turns=turns, max_completion_tokens=max_completion_tokens) for _ in batch]
-        for env, row in zip(envs, batch, strict=True):
-            env.reset(**with_world_prompt(row))
-            if mapreduce:
-                env.step(tool_call_text([row["question"]]))
-        rewards = [0.0] * len(batch)
-        active = list(range(len(batch)))
-        for _ in range(WORLD_ENV["max_turns"] + 1):
-            if not active:
-                break
-            ctx = [envs[i].context_ids for i in active]
-            width = max(map(len, ctx))
-            inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
-            att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
-            with torch.no_grad():
-                kw = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
-                out = model.generate(inp, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **kw)
-            still = []
-            for row_i, i in enumerate(active):
-                new = out[row_i, width:].tolist()
-                if eos in new:
-                    new = new[: new.index(eos) + 1]
-                else:
-                    while new and new[-1] == pad:
-                        new.pop()
-                if not new:
-                    envs[i].truncate()
-                    continue
-                step = envs[i].step(new)
-                if step.terminated or step.truncated:
-                    rewards[i] = step.reward
-                else:
-                    still.append(i)
-            active = still
-        for env, row, r in zip(envs, batch, rewards, strict=True):
-            results.append((row["type"], r, env.tool_rounds))
-    out: dict[str, Any] = {}
-    for qtype in QUESTION_TYPES + ("all",):
-        sel = [r for r in results if qtype == "all" or r[0] == qtype]
-        if sel:
-            out[qtype] = sum(r[1] for r in sel) / len(sel)
-            out[f"{qtype}_tool_rounds"] = sum(r[2] for r in sel) / len(sel)
-    return out

@@ -46,11 +46,11 @@ from coordrl.envs.tool_input import (
     safe_str,
     tool_call_too_deep,
 )
+from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences
+from coordrl.readers.loop import shared_loop
+from coordrl.readers.prompt import sanitize_reader_text
 from coordrl.rewards.extract import extract_answer
 from coordrl.rewards.metrics import exact_match, f1_score
-from coordrl.rollout.lexical import LexicalReader, content_words, split_chunk_sentences
-from coordrl.rollout.loop import shared_loop
-from coordrl.rollout.reader_prompt import sanitize_reader_text
 
 __all__ = [
     "MODES",

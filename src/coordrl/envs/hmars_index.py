@@ -36,10 +36,10 @@ from typing import Any
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars_prompts import card_writer_messages, region_writer_messages
-from coordrl.rollout.lexical import _STOPWORDS, split_chunk_sentences
-from coordrl.rollout.loop import shared_loop
-from coordrl.rollout.openai_fleet import OpenAIReaderFleet
-from coordrl.rollout.readers_base import ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderRequest, ReaderResult
+from coordrl.readers.lexical import _STOPWORDS, split_chunk_sentences
+from coordrl.readers.loop import shared_loop
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
 __all__ = [
     "INDEX_VERSION",

@@ -15,8 +15,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from coordrl.readers.prompt import sanitize_reader_text
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
-from coordrl.rollout.reader_prompt import sanitize_reader_text
 
 MID_AGENT_SYSTEM_PROMPT = """You are a mid-agent of a team that answers questions about a long document.
 You cannot read the document. It is split into regions, each owned by a sub-agent (s0, s1, ...) that

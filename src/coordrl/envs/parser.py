@@ -18,9 +18,9 @@ from typing import Any
 
 from coordrl.data.chunk import Chunk, chunk_context
 from coordrl.envs.tool_input import ToolInputError, check_text
-from coordrl.rollout.loop import shared_loop
-from coordrl.rollout.reader_prompt import sanitize_reader_text
-from coordrl.rollout.readers_base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.loop import shared_loop
+from coordrl.readers.prompt import sanitize_reader_text
 
 TRUNCATION_MARKER = "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
 
@@ -331,7 +331,7 @@ class ParserEnvFactory:
     @property
     def fleet(self) -> ReaderFleet:
         if self._fleet is None:
-            from coordrl.rollout.fleet import make_fleet
+            from coordrl.readers.fleet import make_fleet
 
             c = self.config
             self._fleet = make_fleet(

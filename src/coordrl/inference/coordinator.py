@@ -301,7 +301,7 @@ class Coordinator:
             limits = {k: v for k, v in zip(names, (reader_timeout_s, reader_retries), strict=True) if v is not None and k not in (hmars or {})}
             env_config = replace(env_config, **limits)
             if source.protocol != "hmars":
-                from coordrl.rollout.fleet import (
+                from coordrl.readers.fleet import (
                     make_fleet,  # validate the reader spec now, not mid-episode
                 )
 

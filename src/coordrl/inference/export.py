@@ -262,7 +262,7 @@ def check_checkpoint(folder: str | Path) -> dict[str, Any]:
     last by training), ``config.json`` and safetensors weights, and was trained for a supported
     protocol. Anything else raises `PolicyError` naming the problem.
     """
-    from coordrl.train.run import CHECKPOINT_META, COMPLETE_MARKER
+    from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -286,7 +286,7 @@ def check_checkpoint(folder: str | Path) -> dict[str, Any]:
 
 
 def _training_dir_hint(folder: Path) -> None:
-    from coordrl.train.run import COMPLETE_MARKER, latest_complete_checkpoint
+    from coordrl.rollout.models import COMPLETE_MARKER, latest_complete_checkpoint
 
     if (folder / "final" / COMPLETE_MARKER).exists() or latest_complete_checkpoint(folder) is not None:
         best = folder / "final" if (folder / "final" / COMPLETE_MARKER).exists() else latest_complete_checkpoint(folder)
@@ -313,7 +313,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
     """
     from coordrl.envs.parser import ParserEnvConfig
     from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-    from coordrl.train.run import TINY_MODEL, resolve_model
+    from coordrl.rollout.models import TINY_MODEL, resolve_model
 
     text = str(spec)
     if text == "scripted":
@@ -340,7 +340,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
                 generation=dict(meta.get("generation") or {}),
                 meta=meta,
             )
-        from coordrl.train.run import CHECKPOINT_META
+        from coordrl.rollout.models import CHECKPOINT_META
 
         if (path / CHECKPOINT_META).exists():
             meta = check_checkpoint(path)
@@ -429,7 +429,7 @@ def _merge_adapter(src: Path, dest: Path, meta: dict[str, Any]) -> None:
         ) from None
     from transformers import AutoModelForCausalLM
 
-    from coordrl.train.run import resolve_model
+    from coordrl.rollout.models import resolve_model
 
     adapter_cfg = _read_json(src / "adapter_config.json")
     base_id = adapter_cfg.get("base_model_name_or_path") or meta.get("base_model")
@@ -530,8 +530,8 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
     """
     from transformers import AutoConfig, AutoTokenizer
 
+    from coordrl.data.tokenizer import save_tokenizer
     from coordrl.envs.chat import ChatCodec
-    from coordrl.rollout.tiny_qwen3 import save_tokenizer
 
     src = Path(checkpoint)
     meta = check_checkpoint(src)

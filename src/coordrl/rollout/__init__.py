@@ -1,2 +1,2 @@
-"""Reader fleets (lexical, OpenAI-compatible/vLLM), reader servers, policies and the episode runner
-shared by evaluation and inference, plus the tiny offline Qwen3 model used by tests and the demo."""
+"""Policies and the episode runner shared by evaluation and inference, model names and checkpoint
+markers, the synthetic world's episode helpers, and the tiny offline Qwen3 model."""

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from coordrl.envs.step import StepEnv
-from coordrl.rollout.openai_fleet import normalize_base_url
+from coordrl.readers.openai_fleet import normalize_base_url
 
 __all__ = ["OpenAIPolicy", "PolicyRequestError"]
 

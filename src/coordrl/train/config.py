@@ -17,13 +17,10 @@ from typing import Any
 
 import yaml
 
+from coordrl.data.errors import ConfigError
 from coordrl.envs.parser import ParserEnvConfig
 
 PROTOCOLS = ("parser", "hmars")
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the key or file."""
 
 
 @dataclass

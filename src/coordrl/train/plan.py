@@ -206,7 +206,7 @@ def model_shape(model: str, model_params: float | None = None) -> ModelShape:
     """The policy's shape: a local folder's config.json (and safetensors headers), the local hub cache,
     else the Qwen3 size class of ``model_params``. Raises `PlanError` when none is available."""
     if model == TINY_MODEL:
-        from coordrl.train.run import cache_dir
+        from coordrl.rollout.models import cache_dir
 
         folder = cache_dir() / "models" / "tiny-qwen3-seed0"
         if (folder / "config.json").exists():
@@ -397,7 +397,7 @@ def _fleet_backoff_s() -> float:
     """`OpenAIReaderFleet`'s default backoff (read from its signature, so the plan cannot drift from it)."""
     import inspect
 
-    from coordrl.rollout.openai_fleet import OpenAIReaderFleet
+    from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
     return float(inspect.signature(OpenAIReaderFleet).parameters["backoff_s"].default)
 

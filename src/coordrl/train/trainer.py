@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from trl import GRPOTrainer
 
-from coordrl.rollout.loop import shared_loop
+from coordrl.readers.loop import shared_loop
 
 
 class _RoundBatcher:

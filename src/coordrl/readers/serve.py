@@ -496,8 +496,8 @@ def add_serve_readers_parser(subparsers: argparse._SubParsersAction) -> argparse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m coordrl.rollout.serve serve-readers ...`` without the main CLI."""
-    parser = argparse.ArgumentParser(prog="python -m coordrl.rollout.serve")
+    """``python -m coordrl.readers.serve serve-readers ...`` without the main CLI."""
+    parser = argparse.ArgumentParser(prog="python -m coordrl.readers.serve")
     add_serve_readers_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordrl.rollout.readers_base import ReaderFleet
+from coordrl.readers.base import ReaderFleet
 
 
 def make_fleet(readers: str, model: str | None = None, **options: Any) -> ReaderFleet:
@@ -19,7 +19,7 @@ def make_fleet(readers: str, model: str | None = None, **options: Any) -> Reader
     """
     spec = readers.strip()
     if spec == "lexical":
-        from coordrl.rollout.lexical import LexicalReader
+        from coordrl.readers.lexical import LexicalReader
 
         allowed = {k: v for k, v in options.items() if k in ("threshold",)}
         return LexicalReader(**allowed)
@@ -28,6 +28,6 @@ def make_fleet(readers: str, model: str | None = None, **options: Any) -> Reader
         raise ValueError(f"--readers must be 'lexical' or comma-separated http(s) URLs, got {readers!r}")
     if not model:
         raise ValueError("reader URLs need the served model name (--reader-model)")
-    from coordrl.rollout.openai_fleet import OpenAIReaderFleet
+    from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
     return OpenAIReaderFleet(urls, model, **{k: v for k, v in options.items() if k != "threshold"})

@@ -601,7 +601,7 @@ def _window(cfg: EvalConfig, policy, tokenizer) -> int | None:
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run (or resume) an evaluation and write its outputs; returns ``results.json``'s content."""
     from coordrl.inference.export import PolicyError, resolve_policy
-    from coordrl.train.run import resolve_model
+    from coordrl.rollout.models import resolve_model
 
     if cfg.baseline is not None and cfg.baseline not in BASELINES:
         raise DataError(f"--baseline must be one of {', '.join(BASELINES)}, got {cfg.baseline!r}")
@@ -630,7 +630,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         else:
             env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, max_turns=cfg.max_turns, chunk_tokens=cfg.chunk_tokens, hmars=cfg.hmars)
         if cfg.baseline != "fullcontext" and not hmars:
-            from coordrl.rollout.fleet import make_fleet
+            from coordrl.readers.fleet import make_fleet
 
             make_fleet(env_config.readers, env_config.reader_model)  # a bad --readers fails before any model loads
     except ValueError as e:
@@ -654,8 +654,8 @@ def _evaluate_locked(cfg: EvalConfig, source, subsets: list[SubsetSpec], weights
     from tqdm.auto import tqdm
 
     from coordrl.data.show import load_built
+    from coordrl.eval.report import plot_accuracy, render_results_md
     from coordrl.inference.coordinator import DEFAULT_MAX_NEW_TOKENS, load_policy
-    from coordrl.rollout.report import plot_accuracy, render_results_md
 
     max_new_tokens = cfg.max_new_tokens or source.generation.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
     policy, tokenizer = load_policy(
@@ -787,11 +787,11 @@ def _results(cfg, source, weights, label, subsets, datasets, selected, out, stat
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from coordrl.cli import UsageError
+    from coordrl.argtypes import UsageError
     from coordrl.inference.coordinator import parse_settings
 
     if args.compare:
-        from coordrl.rollout.report import compare_results
+        from coordrl.eval.report import compare_results
 
         if args.out is None:
             raise UsageError("--compare needs --out DIR for the comparison table and plot")

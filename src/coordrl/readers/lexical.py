@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordrl.rollout.reader_prompt import sanitize_reader_text
-from coordrl.rollout.readers_base import UNKNOWN, ReaderRequest, ReaderResult
+from coordrl.readers.base import UNKNOWN, ReaderRequest, ReaderResult
+from coordrl.readers.prompt import sanitize_reader_text
 
 __all__ = ["LexicalReader", "content_words", "split_chunk_sentences"]
 
@@ -139,7 +139,7 @@ class _ChunkIndex:
 
 
 class LexicalReader:
-    """Model-free :class:`~coordrl.rollout.readers_base.ReaderFleet` answering by word overlap.
+    """Model-free :class:`~coordrl.readers.base.ReaderFleet` answering by word overlap.
 
     Args:
         threshold: minimum score (fraction of the query's IDF weight covered by the best
@@ -147,7 +147,7 @@ class LexicalReader:
         max_cached_chunks: chunk indexes kept, least recently used evicted; default 4096.
 
     Answers are ``"<title>: <sentence>"`` (just the sentence when the chunk starts mid-paragraph),
-    sanitised with :func:`~coordrl.rollout.reader_prompt.sanitize_reader_text`, or exactly
+    sanitised with :func:`~coordrl.readers.prompt.sanitize_reader_text`, or exactly
     ``Unknown``. The same request always gets the same answer.
     """
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from coordrl.rollout.reader_prompt import reader_messages
+from coordrl.readers.prompt import reader_messages
 
 UNKNOWN = "Unknown"
 

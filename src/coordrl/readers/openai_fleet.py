@@ -2,10 +2,10 @@
 
 One connection pool is shared by every request, with as many connections as the concurrency
 bound, so a broadcast of thousands of reader calls costs little more than the server time. For
-``http://`` servers the pool is a :class:`~coordrl.rollout.http_transport.LeanAsyncTransport`
+``http://`` servers the pool is a :class:`~coordrl.readers.http_transport.LeanAsyncTransport`
 (httpx's default transport costs milliseconds per call at a few hundred connections, see there),
 and chat requests skip ``httpx.AsyncClient`` too: their head is serialised once per replica and
-sent with :meth:`~coordrl.rollout.http_transport.LeanAsyncTransport.post_bytes`, because building
+sent with :meth:`~coordrl.readers.http_transport.LeanAsyncTransport.post_bytes`, because building
 httpx's request and response objects was most of the client's remaining CPU per call. ``https://``
 servers, a caller-given ``transport`` and the health probes go through ``httpx.AsyncClient``. Each
 chunk is pinned to one replica by a stable hash of its ``chunk_key``: every query to a chunk lands
@@ -31,9 +31,13 @@ from typing import Any
 
 import httpx
 
-from coordrl.rollout.http_transport import Address, LeanAsyncTransport
-from coordrl.rollout.reader_prompt import READER_CHAT_TEMPLATE_KWARGS, reader_messages, sanitize_reader_text
-from coordrl.rollout.readers_base import ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderRequest, ReaderResult
+from coordrl.readers.http_transport import Address, LeanAsyncTransport
+from coordrl.readers.prompt import (
+    READER_CHAT_TEMPLATE_KWARGS,
+    reader_messages,
+    sanitize_reader_text,
+)
 
 __all__ = ["OpenAIReaderFleet", "health", "normalize_base_url", "replica_index"]
 
@@ -161,7 +165,7 @@ class _Slots:
 
 
 class OpenAIReaderFleet:
-    """:class:`~coordrl.rollout.readers_base.ReaderFleet` over OpenAI-compatible ``/v1/chat/completions``.
+    """:class:`~coordrl.readers.base.ReaderFleet` over OpenAI-compatible ``/v1/chat/completions``.
 
     Args:
         urls: server base URLs (``http://host:port``, with or without ``/v1``), one per replica.

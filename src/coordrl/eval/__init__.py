@@ -1,0 +1,1 @@
+"""The evaluation harness (`coordrl eval`): sweeps, baselines, metrics, resumable traces and reports."""

@@ -1,0 +1,68 @@
+"""The package's layers import in one direction only, function-level imports included.
+
+Lowest first: rewards and data, readers, envs, rollout, then train, inference and eval; cli and demo
+on top. A module may import its own layer and the layers below it, never one above; so there is no
+import cycle between subpackages either.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "coordrl"
+
+# Each unit and the units it may import (besides itself). Top-level helper modules are units too.
+ALLOWED: dict[str, set[str]] = {
+    "rewards": set(),
+    "argtypes": set(),
+    "data": {"rewards"},
+    "rundir": {"data"},
+    "readers": {"data", "rewards"},
+    "testing": {"readers"},
+    "envs": {"data", "rewards", "readers", "rundir"},
+    "rollout": {"data", "rewards", "readers", "envs"},
+    "train": {"data", "rewards", "readers", "envs", "rollout", "rundir", "argtypes"},
+    "inference": {"data", "rewards", "readers", "envs", "rollout", "argtypes"},
+    "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir", "argtypes", "inference"},
+}
+TOP = {"cli", "demo", "__init__", "__main__"}  # entry points: may import anything
+
+
+def _unit(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "coordrl" and len(parts) > 1 and not parts[1].startswith("_"):
+                found.add(parts[1])
+    return found
+
+
+def test_every_import_points_down():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        unit = _unit(path)
+        if unit in TOP:
+            continue
+        assert unit in ALLOWED, f"{path.relative_to(PACKAGE)}: unit {unit!r} has no place in the layer table"
+        wrong += [f"{path.relative_to(PACKAGE)} imports coordrl.{v}" for v in sorted(_imports(path) - ALLOWED[unit] - {unit} - {"__version__"})]
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_the_layer_table_itself_has_no_cycle():
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(v == b or (v not in seen and reaches(v, b, seen | {v})) for v in ALLOWED.get(a, ()))
+
+    assert not [u for u in ALLOWED if reaches(u, u, set())]
