@@ -210,3 +210,18 @@ def test_hmars_protocol_trains_with_the_environment_reward(tmp_path):
     assert "rewards/MidAgentEnv/mean" in log and log["tools/call_frequency"] == 1
     meta = json.loads((Path(c.grpo["output_dir"]) / "checkpoint-1" / CHECKPOINT_META).read_text())
     assert meta["protocol"] == "hmars" and meta["tools"] == ["broadcast"] and meta["env"]["c_sub"] == 2048
+
+
+def test_trainer_survives_tool_call_json_nested_too_deep(tmp_path):
+    from trl.chat_template_utils import parse_response
+
+    trainer = build_trainer(cfg(tmp_path, max_steps=1, traces=False))
+    tok = trainer._tokenizer
+    deep = '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ' + "[" * 3000 + "]" * 3000 + "}}\n</tool_call>"
+    ids = tok(deep, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    with pytest.raises(RecursionError):  # what TRL's parser would meet without the guard
+        type(tok).parse_response(tok, ids, prefix=[])
+    parsed = parse_response(tok, ids, prefix=[])  # the call TRL's trainer makes for every generated turn
+    assert "tool_calls" not in parsed and "[[[" in parsed["content"]  # TRL's fallback: the text, no call
+    ok = tok('<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Who?"]}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+    assert parse_response(tok, ok + [tok.eos_token_id], prefix=[])["tool_calls"][0]["function"]["arguments"] == {"queries": ["Who?"]}

@@ -108,3 +108,28 @@ class ChatCodec:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         eos = self.tokenizer.eos_token_id
         return ids if ids and ids[-1] == eos else ids + [eos]
+
+
+def guard_tool_call_parsing(tokenizer) -> None:
+    """Make ``tokenizer.parse_response`` refuse too-deep tool-call JSON with ``ValueError``.
+
+    TRL's trainer parses every generated turn with ``trl.chat_template_utils.parse_response``, which
+    falls back to plain text on ``ValueError``/``TypeError`` but lets ``RecursionError`` (JSON nested
+    ~1,000 deep) end the training run. Wrapping this one tokenizer's method (idempotent) turns such a
+    turn into what TRL makes of any malformed call, as `ChatCodec.parse` does for evaluation and
+    inference, without copying TRL's parser.
+    """
+    original = tokenizer.parse_response
+    if getattr(original, "_coordrl_depth_guard", False):
+        return
+
+    def parse_response(ids, *args: Any, **kwargs: Any):
+        if tool_call_too_deep(tokenizer.decode(list(ids), skip_special_tokens=False)):
+            raise ValueError("tool-call JSON nested too deep")
+        try:
+            return original(ids, *args, **kwargs)
+        except RecursionError as err:
+            raise ValueError("tool-call JSON nested too deep") from err
+
+    parse_response._coordrl_depth_guard = True  # type: ignore[attr-defined]
+    tokenizer.parse_response = parse_response

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from trl import GRPOTrainer
 
+from coordrl.envs.chat import guard_tool_call_parsing
 from coordrl.readers.loop import shared_loop
 
 
@@ -121,6 +122,9 @@ class CoordGRPOTrainer(GRPOTrainer):
         self._joining = False
         self.tool_loop_stats = {"batched_rounds": 0, "max_parallel_calls": 0, "generation_rounds": 0, "dummy_rounds": 0}
         super().__init__(*args, **kwargs)
+        # TRL's turn parser lets RecursionError through: a policy that nests its tool-call JSON ~1,000
+        # deep would end the run. Refused as a malformed call instead (see guard_tool_call_parsing).
+        guard_tool_call_parsing(self._tokenizer)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
