@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from coordrl.data.build import BuildConfig, SweepConfig, build_dataset, build_sweep  # noqa: E402
+from coordrl.data.build import BuildConfig, SweepConfig, build_dataset, build_sweep
 
 
 def peak_rss_gb() -> tuple[float, float]:

@@ -92,10 +92,14 @@ def main() -> int:
     if args.mode:
         print(json.dumps(measure(args.mode, args.words, args.limit)))
         return 0
-    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; {args.words:,} words, limit {args.limit:,} tokens")
+    print(
+        f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; {args.words:,} words, limit {args.limit:,} tokens"
+    )
     for mode in ("full", "windows", "bound"):
         cmd = [sys.executable, __file__, "--mode", mode, "--words", str(args.words), "--limit", str(args.limit)]
-        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        out = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        )
         size = out["document_bytes"]
         print(
             f"{mode:>7}: {out['seconds']:.3f} s, peak RSS growth {out['rss_growth'] / 1e6:,.1f} MB "

@@ -53,10 +53,15 @@ def evaluate(path: str | Path, rows: list[dict], seed: int) -> dict:
 
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)
-    return {"sampled": evaluate_world(model, tok, rows, sample=True, seed=seed), "greedy": evaluate_world(model, tok, rows, sample=False, seed=seed)}
+    return {
+        "sampled": evaluate_world(model, tok, rows, sample=True, seed=seed),
+        "greedy": evaluate_world(model, tok, rows, sample=False, seed=seed),
+    }
 
 
-def grpo(seed: int, minutes: float | None, out: Path, warm: Path, overrides: dict[str, str], steps: int | None = None) -> tuple[Path, list[dict], float]:
+def grpo(
+    seed: int, minutes: float | None, out: Path, warm: Path, overrides: dict[str, str], steps: int | None = None
+) -> tuple[Path, list[dict], float]:
     from coordrl.train.config import load_config
     from coordrl.train.run import train
     from coordrl.train.trainer import CoordGRPOTrainer
@@ -77,7 +82,9 @@ def grpo(seed: int, minutes: float | None, out: Path, warm: Path, overrides: dic
     return out / "final", history, time.time() - t0
 
 
-def run_ablations(a: argparse.Namespace, out: Path, warm: Path, rows: list[dict], overrides: dict[str, str], steps: int) -> dict:
+def run_ablations(
+    a: argparse.Namespace, out: Path, warm: Path, rows: list[dict], overrides: dict[str, str], steps: int
+) -> dict:
     """Each ablation runs exactly ``steps`` GRPO steps (what the first seed did in its time budget),
     so the comparison holds even when the ablations share the machine with other work."""
     seed = a.seeds[0]
@@ -92,9 +99,22 @@ def run_ablations(a: argparse.Namespace, out: Path, warm: Path, rows: list[dict]
     found = {}
     for name, (start, extra) in runs.items():
         before = evaluate(start, rows, seed)
-        final, hist, train_s = grpo(seed, a.minutes, out / ("ablation-" + "-".join(name.split()[:3])), start, {**overrides, **extra}, steps=steps)
+        final, hist, train_s = grpo(
+            seed,
+            a.minutes,
+            out / ("ablation-" + "-".join(name.split()[:3])),
+            start,
+            {**overrides, **extra},
+            steps=steps,
+        )
         after = evaluate(final, rows, seed)
-        found[name] = {"before": before, "after": after, "grpo_s": train_s, "steps": hist[-1]["step"] if hist else 0, "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist]}
+        found[name] = {
+            "before": before,
+            "after": after,
+            "grpo_s": train_s,
+            "steps": hist[-1]["step"] if hist else 0,
+            "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist],
+        }
         print(f"ablation: {name}: {found[name]['steps']} GRPO optimizer steps in {train_s:.0f}s")
         print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
         print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
@@ -133,19 +153,55 @@ def plot(curves: dict[int, list[dict]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reuse-warm-start", action="store_true", help="start from the kept checkpoint instead of rebuilding it")
+    p.add_argument(
+        "--reuse-warm-start", action="store_true", help="start from the kept checkpoint instead of rebuilding it"
+    )
     p.add_argument("--warm-start", default=None, help="start from this warm-start folder instead of rebuilding it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=200, help="GRPO optimizer steps per seed (default 200, what 5 minutes gave on an idle 2-core machine)")
-    p.add_argument("--minutes", type=float, default=None, help="optional wall-clock cap per seed on top of --steps (makes the result depend on machine speed)")
-    p.add_argument("--eval-n", type=int, default=200, help="held-out questions evaluated (half per type; default 200, all of the held-out split)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=200,
+        help="GRPO optimizer steps per seed (default 200, what 5 minutes gave on an idle 2-core machine)",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="optional wall-clock cap per seed on top of --steps (makes the result depend on machine speed)",
+    )
+    p.add_argument(
+        "--eval-n",
+        type=int,
+        default=200,
+        help="held-out questions evaluated (half per type; default 200, all of the held-out split)",
+    )
     p.add_argument("--out", default="runs/learning_check")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2; fixed, so results do not depend on the core count)")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads (default 2; fixed, so results do not depend on the core count)",
+    )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false",
+    )
     p.add_argument("--ablations", action="store_true", help="also run the three ablations (first seed)")
-    p.add_argument("--early-steps", type=int, default=60, help="SFT steps of the ablation's early warm start (default 60)")
-    p.add_argument("--ablation-steps", type=int, default=None, help="GRPO steps per ablation (default: what the first seed ran)")
-    p.add_argument("--ablations-only", action="store_true", help="skip the seeds; run the ablations from --warm-start or the kept warm start")
+    p.add_argument(
+        "--early-steps", type=int, default=60, help="SFT steps of the ablation's early warm start (default 60)"
+    )
+    p.add_argument(
+        "--ablation-steps", type=int, default=None, help="GRPO steps per ablation (default: what the first seed ran)"
+    )
+    p.add_argument(
+        "--ablations-only",
+        action="store_true",
+        help="skip the seeds; run the ablations from --warm-start or the kept warm start",
+    )
     a = p.parse_args(argv)
     if a.threads:
         import torch
@@ -174,7 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         after = evaluate(final, rows, seed)
         curves[seed] = hist
         steps = hist[-1]["step"] if hist else 0
-        results["seeds"][seed] = {"before": before, "after": after, "grpo_s": train_s, "steps": steps, "generation_batches": len(hist), "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist], "seed_s": time.time() - t}
+        results["seeds"][seed] = {
+            "before": before,
+            "after": after,
+            "grpo_s": train_s,
+            "steps": steps,
+            "generation_batches": len(hist),
+            "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist],
+            "seed_s": time.time() - t,
+        }
         print(f"seed {seed}: {steps} GRPO optimizer steps ({len(hist)} generation batches) in {train_s:.0f}s")
         print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
         print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
@@ -184,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
         results["gain_points"] = {"mean": statistics.mean(gains), "per_seed": gains, "half_range": spread, "stdev": sd}
         results["target_met"] = all(
-            r["after"]["sampled"][t] >= TARGET_SAMPLED and r["after"]["greedy"][t] >= TARGET_GREEDY for r in results["seeds"].values() for t in ("bridge", "comparison")
+            r["after"]["sampled"][t] >= TARGET_SAMPLED and r["after"]["greedy"][t] >= TARGET_GREEDY
+            for r in results["seeds"].values()
+            for t in ("bridge", "comparison")
         )
     if a.ablations or a.ablations_only:
         steps = a.ablation_steps or (results["seeds"][a.seeds[0]]["steps"] if results["seeds"] else None)
@@ -195,14 +261,24 @@ def main(argv: list[str] | None = None) -> int:
     results["wall"] = walls
     if gains:
         g = results["gain_points"]
-        print(f"gain: {g['mean']:+.1f} points (sampled held-out EM, mean over {len(gains)} seeds; per seed {', '.join(f'{x:+.1f}' for x in gains)}; +/- {g['half_range']:.1f} half-range, stdev {g['stdev']:.1f})")
-        print(f"target (sampled >= {100 * TARGET_SAMPLED:.0f}%, greedy >= {100 * TARGET_GREEDY:.0f}% on both types, every seed): {'MET' if results['target_met'] else 'NOT MET'}")
+        print(
+            f"gain: {g['mean']:+.1f} points (sampled held-out EM, mean over {len(gains)} seeds; per seed {', '.join(f'{x:+.1f}' for x in gains)}; +/- {g['half_range']:.1f} half-range, stdev {g['stdev']:.1f})"
+        )
+        print(
+            f"target (sampled >= {100 * TARGET_SAMPLED:.0f}%, greedy >= {100 * TARGET_GREEDY:.0f}% on both types, every seed): {'MET' if results['target_met'] else 'NOT MET'}"
+        )
     print("wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in walls.items()))
     grpo_times = [r["grpo_s"] for r in results["seeds"].values()]
     measured = {**walls, **({"grpo_s_per_seed": max(grpo_times)} if grpo_times else {})}
-    results["time_targets"] = {k: {"target_s": t, "measured_s": round(measured[k]), "met": measured[k] <= t} for k, t in TIME_TARGETS_S.items() if k in measured}
+    results["time_targets"] = {
+        k: {"target_s": t, "measured_s": round(measured[k]), "met": measured[k] <= t}
+        for k, t in TIME_TARGETS_S.items()
+        if k in measured
+    }
     for k, v in results["time_targets"].items():
-        print(f"time target {k} <= {v['target_s']}s: measured {v['measured_s']}s, {'met' if v['met'] else 'NOT met (slower machine or shared cores?)'}")
+        print(
+            f"time target {k} <= {v['target_s']}s: measured {v['measured_s']}s, {'met' if v['met'] else 'NOT met (slower machine or shared cores?)'}"
+        )
     (out / "learning_check.json").write_text(json.dumps(results, indent=2) + "\n")
     if curves:
         plot(curves, out / "reward_curve.png")

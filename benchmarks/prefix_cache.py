@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer
 
-from coordrl.data.chunk import chunk_context  # noqa: E402
-from coordrl.data.layout import render_context  # noqa: E402
-from coordrl.data.records import load_records  # noqa: E402
-from coordrl.readers.base import ReaderRequest  # noqa: E402
-from coordrl.readers.openai_fleet import OpenAIReaderFleet  # noqa: E402
-from coordrl.readers.serve import prefix_cache_counters, start_reader_servers  # noqa: E402
-from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3  # noqa: E402
+from coordrl.data.chunk import chunk_context
+from coordrl.data.layout import render_context
+from coordrl.data.records import load_records
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
+from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
+from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
 QUESTIONS = [
     "Who directed the film?",

@@ -33,15 +33,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-import httpx  # noqa: E402
+import httpx
 
-from coordrl.readers.base import ReaderRequest  # noqa: E402
-from coordrl.readers.openai_fleet import OpenAIReaderFleet  # noqa: E402
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
 DOC_TOKENS = 896_000
 CHARS_PER_TOKEN = 4
 QUERIES = ("Who founded the company mentioned in this passage?", "In which year did the event take place?")
-_WORDS = "the of river city founded year company film born director album war king state music team".split()
+_WORDS = [
+    "the",
+    "of",
+    "river",
+    "city",
+    "founded",
+    "year",
+    "company",
+    "film",
+    "born",
+    "director",
+    "album",
+    "war",
+    "king",
+    "state",
+    "music",
+    "team",
+]
 
 
 def synthetic_chunks(chunk_tokens: int, seed: int = 0) -> list[str]:
@@ -145,10 +162,18 @@ async def run_overhead(url: str, concurrency: int, chunks: list[str], rounds: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256], help="fleet max_concurrency values (default: 64, the fleet default, and 256)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[64, 256],
+        help="fleet max_concurrency values (default: 64, the fleet default, and 256)",
+    )
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.05, 0.2])
     parser.add_argument("--overhead-rounds", type=int, default=3, help="broadcasts at L=0 (default 3)")
-    parser.add_argument("--transport", choices=["lean", "httpx"], default="lean", help="client transport (default lean)")
+    parser.add_argument(
+        "--transport", choices=["lean", "httpx"], default="lean", help="client transport (default lean)"
+    )
     args = parser.parse_args()
     global TRANSPORT
     TRANSPORT = args.transport
@@ -162,7 +187,7 @@ def main() -> None:
                 asyncio.run(run_latency(server.url, latency, concurrency, chunk_sets))
     print(f"client overhead (concurrency {args.concurrency[0]}):")
     with FakeServerProcess(0.0) as server:
-        for chunk_tokens, chunks in chunk_sets.items():
+        for _chunk_tokens, chunks in chunk_sets.items():
             asyncio.run(run_overhead(server.url, args.concurrency[0], chunks, args.overhead_rounds))
 
 

@@ -21,10 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from coordrl.testing import LatencyInjectingFleet, scripted_trainer_class  # noqa: E402
-from coordrl.train.config import load_config  # noqa: E402
-from coordrl.train.run import build_trainer  # noqa: E402
-from coordrl.train.trainer import CoordGRPOTrainer  # noqa: E402
+from coordrl.testing import LatencyInjectingFleet, scripted_trainer_class
+from coordrl.train.config import load_config
+from coordrl.train.run import build_trainer
+from coordrl.train.trainer import CoordGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,9 +75,13 @@ def main() -> int:
         stock_tools, stock_wall, stock_calls = run(False, args, Path(tmp))
         ours_tools, ours_wall, ours_calls = run(True, args, Path(tmp))
     bound = 1.5 * args.rounds * args.steps * args.latency
-    print(f"machine: {os.cpu_count()} cores; workload: {args.rollouts} rollouts x {args.rounds} rounds x {args.steps} steps, reader latency {args.latency} s")
+    print(
+        f"machine: {os.cpu_count()} cores; workload: {args.rollouts} rollouts x {args.rounds} rounds x {args.steps} steps, reader latency {args.latency} s"
+    )
     print(f"stock TRL tool loop:  {stock_tools:.2f} s ({stock_calls} tool calls; run {stock_wall:.1f} s)")
-    print(f"coordrl tool loop:    {ours_tools:.2f} s ({ours_calls} tool calls; run {ours_wall:.1f} s); target <= {bound:.2f} s")
+    print(
+        f"coordrl tool loop:    {ours_tools:.2f} s ({ours_calls} tool calls; run {ours_wall:.1f} s); target <= {bound:.2f} s"
+    )
     print(f"speedup: {stock_tools / ours_tools:.1f}")
     return 0 if stock_calls == ours_calls else 1
 

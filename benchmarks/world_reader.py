@@ -48,13 +48,19 @@ def builder():
 
 
 def show(label: str, figures: dict) -> bool:
-    print(f"{label}: positive exact {figures['positive_exact']:.4f} (names value {figures['positive_names_value']:.4f}; n={figures['n_positive']})")
+    print(
+        f"{label}: positive exact {figures['positive_exact']:.4f} (names value {figures['positive_names_value']:.4f}; n={figures['n_positive']})"
+    )
     kinds = ", ".join(
-        f"{k} {figures[f'answered_{k}']:.4f} (n={figures[f'n_{k}']})" for k in ("hard", "row", "absent", "wrong_type") if f"answered_{k}" in figures
+        f"{k} {figures[f'answered_{k}']:.4f} (n={figures[f'n_{k}']})"
+        for k in ("hard", "row", "absent", "wrong_type")
+        if f"answered_{k}" in figures
     )
     print(f"{label}: negative answered {figures['negative_answered']:.4f} (n={figures['n_negative']}; {kinds})")
     ok = figures["positive_exact"] >= TARGET_EXACT and figures["negative_answered"] <= TARGET_ANSWERED
-    print(f"{label}: target: positive exact >= {TARGET_EXACT} and negative answered <= {TARGET_ANSWERED}: {'MET' if ok else 'NOT MET'}")
+    print(
+        f"{label}: target: positive exact >= {TARGET_EXACT} and negative answered <= {TARGET_ANSWERED}: {'MET' if ok else 'NOT MET'}"
+    )
     return ok
 
 
@@ -94,7 +100,9 @@ def vllm_replies(model_dir: Path, examples, python: str | None) -> tuple[list[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the kept coordrl/resources/world_reader)")
-    p.add_argument("--rows", type=int, default=200, help="held-out world questions whose chunks are asked (default 200, all)")
+    p.add_argument(
+        "--rows", type=int, default=200, help="held-out world questions whose chunks are asked (default 200, all)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vllm", action="store_true", help="also measure through a vLLM CPU server (needs .venv-vllm)")
     p.add_argument("--vllm-rows", type=int, default=40, help="held-out questions asked through vLLM (default 40)")
@@ -110,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(a.model) if a.model else world_reader_dir()
     meta_path = model_dir / "coordrl_world_reader.json"
     if not meta_path.is_file():
-        print(f"world_reader: no {meta_path.name} in {model_dir}; build it with scripts/build_world_reader.py", file=sys.stderr)
+        print(
+            f"world_reader: no {meta_path.name} in {model_dir}; build it with scripts/build_world_reader.py",
+            file=sys.stderr,
+        )
         return 2
     meta = json.loads(meta_path.read_text())
     n_heldout = meta["recipe"]["n_heldout"]
@@ -123,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     build = builder()
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), use_safetensors=True, dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), use_safetensors=True, dtype=torch.float32, local_files_only=True
+    )
     world = make_world(0)
     heldout = world_splits(meta["recipe"]["n_train"], n_heldout, seed=0)["heldout"]
     examples = eval_examples(heldout[: a.rows], world)
@@ -140,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.vllm:
         sub = eval_examples(heldout[: a.vllm_rows], world)
         served, seconds, hit_rate = vllm_replies(model_dir, sub, a.vllm_python)
-        print(f"vllm: {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}")
+        print(
+            f"vllm: {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}"
+        )
         ok = show("vllm", score_replies(sub, served)) and ok
         same = sum(s == r for s, r in zip(served, replies[: len(sub)], strict=True)) / len(sub)
         print(f"vllm vs transformers: {same:.4f} of replies identical")

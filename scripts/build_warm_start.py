@@ -76,10 +76,29 @@ def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[in
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
 
 
-def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int | None = 400, p_good: float | dict[str, float] | None = None, n_train: int = 3000, n_eval: int = 100,
-          lr: float = 1.5e-3, batch: int = 16, drills: int = 96, drill_weight: float = 1.0, threads: int | None = 2,
-          init: Path | None = None, max_drill: int = 10, warmup: int = 100, name_weight: float = 4.0, recall_frac: float = 0.6, compare_frac: float = 0.5,
-          adjacent_frac: float = 0.5, adjacent_from: int = 250) -> dict:
+def build(
+    out: Path,
+    *,
+    seed: int = 0,
+    minutes: float | None = None,
+    steps: int | None = 400,
+    p_good: float | dict[str, float] | None = None,
+    n_train: int = 3000,
+    n_eval: int = 100,
+    lr: float = 1.5e-3,
+    batch: int = 16,
+    drills: int = 96,
+    drill_weight: float = 1.0,
+    threads: int | None = 2,
+    init: Path | None = None,
+    max_drill: int = 10,
+    warmup: int = 100,
+    name_weight: float = 4.0,
+    recall_frac: float = 0.6,
+    compare_frac: float = 0.5,
+    adjacent_frac: float = 0.5,
+    adjacent_from: int = 250,
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     from coordrl.data.tokenizer import save_tokenizer
@@ -119,9 +138,16 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
     # Both trajectories of every question; each draw picks one at random, so no question's branch can be
     # memorised and the branch probability the model learns is the demonstration rate itself.
     for row in splits["train"]:
-        demos.append((demo_ids(row, True, codec, factory, max_completion_tokens=1024), demo_ids(row, False, codec, factory, max_completion_tokens=1024)))
+        demos.append(
+            (
+                demo_ids(row, True, codec, factory, max_completion_tokens=1024),
+                demo_ids(row, False, codec, factory, max_completion_tokens=1024),
+            )
+        )
     flat = [d for pair in demos for d in pair]
-    log(f"{len(flat)} demonstrations built ({time.time() - t0:.0f}s); vocab {len(tok)}; mean length {sum(len(d[0]) for d in flat) / len(flat):.0f}")
+    log(
+        f"{len(flat)} demonstrations built ({time.time() - t0:.0f}s); vocab {len(tok)}; mean length {sum(len(d[0]) for d in flat) / len(flat):.0f}"
+    )
     names = [tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names]
     dot = tok(" .", add_special_tokens=False)["input_ids"]
     pad = tok.pad_token_id
@@ -176,12 +202,17 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
             seqs.append(picked + dot + picked)
             masks.append([0] * (k + len(dot)) + [1] * k)
         w = max(map(len, seqs))
-        return (torch.tensor([s + [pad] * (w - len(s)) for s in seqs]), torch.tensor([m + [0] * (w - len(m)) for m in masks]))
+        return (
+            torch.tensor([s + [pad] * (w - len(s)) for s in seqs]),
+            torch.tensor([m + [0] * (w - len(m)) for m in masks]),
+        )
 
     # Every demonstration starts with the same system prompt + tool schema (~470 tokens, no loss on it):
     # it runs once per step at batch size 1 and its key/value cache (with gradients) is shared by the batch.
     first = flat[0][0]
-    prefix_len = min(next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))) for ids, _ in flat)
+    prefix_len = min(
+        next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))) for ids, _ in flat
+    )
     prefix_len = min(prefix_len, min(len(ids) for ids, _ in flat) - 1)
     prefix = torch.tensor([first[:prefix_len]])
     log(f"shared prompt prefix: {prefix_len} tokens")
@@ -196,8 +227,10 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
             i = rng.randrange(len(demos))
             picked.append(demos[i][0] if rng.random() < rates[i] else demos[i][1])
         w = max(len(ids) for ids, _ in picked)
-        return (torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]),
-                torch.tensor([weighted(ids, m)[prefix_len:] + [0.0] * (w - len(m)) for ids, m in picked]))
+        return (
+            torch.tensor([ids[prefix_len:] + [pad] * (w - len(ids)) for ids, _ in picked]),
+            torch.tensor([weighted(ids, m)[prefix_len:] + [0.0] * (w - len(m)) for ids, m in picked]),
+        )
 
     def demo_loss(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         from transformers import DynamicCache
@@ -216,7 +249,9 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
     def masked_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         target, m = ids[:, 1:], mask[:, 1:].float()
         # Normalised by the number of loss positions (not their weights), so name_weight adds signal.
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none").view_as(m)
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
+        ).view_as(m)
         return (nll * m).sum() / (m > 0).sum().clamp(min=1)
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -248,7 +283,14 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
         opt.step()
         step += 1
         if step % 25 == 0 or step <= 5:
-            history.append({"step": step, "loss": round(loss.item(), 4), "drill_loss": round(dloss.item(), 4), "s": round(time.time() - t0, 1)})
+            history.append(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "drill_loss": round(dloss.item(), 4),
+                    "s": round(time.time() - t0, 1),
+                }
+            )
             log(f"step {step}: demo loss {loss.item():.3f}  drill loss {dloss.item():.3f}  ({time.time() - t0:.0f}s)")
     model.eval()
     sft_s = time.time() - t0
@@ -261,17 +303,40 @@ def build(out: Path, *, seed: int = 0, minutes: float | None = None, steps: int 
     save_tokenizer(tok, tmp)
     meta = {
         "what": "coordrl world warm start (scripts/build_warm_start.py)",
-        "seed": seed, "steps": step, "sft_seconds": round(sft_s, 1), "total_seconds": round(time.time() - t0, 1),
-        "p_good": p_good, "n_train": n_train, "lr": lr, "batch": batch, "drills": drills, "drill_weight": drill_weight, "max_drill": max_drill,
-        "name_weight": name_weight, "recall_frac": recall_frac, "warmup": warmup, "compare_frac": compare_frac, "adjacent_frac": adjacent_frac, "adjacent_from": adjacent_from,
-        "init": str(init) if init else None, "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text()) if init and (Path(init) / "coordrl_warm_start.json").exists() else None,
-        "heldout_copy": copy, "heldout_sampled": ev_s, "heldout_greedy": ev_g, "history": history, "torch_threads": torch.get_num_threads(),
+        "seed": seed,
+        "steps": step,
+        "sft_seconds": round(sft_s, 1),
+        "total_seconds": round(time.time() - t0, 1),
+        "p_good": p_good,
+        "n_train": n_train,
+        "lr": lr,
+        "batch": batch,
+        "drills": drills,
+        "drill_weight": drill_weight,
+        "max_drill": max_drill,
+        "name_weight": name_weight,
+        "recall_frac": recall_frac,
+        "warmup": warmup,
+        "compare_frac": compare_frac,
+        "adjacent_frac": adjacent_frac,
+        "adjacent_from": adjacent_from,
+        "init": str(init) if init else None,
+        "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text())
+        if init and (Path(init) / "coordrl_warm_start.json").exists()
+        else None,
+        "heldout_copy": copy,
+        "heldout_sampled": ev_s,
+        "heldout_greedy": ev_g,
+        "history": history,
+        "torch_threads": torch.get_num_threads(),
     }
     (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     took = time.time() - t0
-    log(f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) in {took:.0f}s (target <= 600s on an idle 2-core machine: {'met' if took <= 600 else 'NOT met'})")
+    log(
+        f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) in {took:.0f}s (target <= 600s on an idle 2-core machine: {'met' if took <= 600 else 'NOT met'})"
+    )
     return meta
 
 
@@ -279,30 +344,78 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="src/coordrl/resources/warm_start")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--minutes", type=float, default=None, help="optional wall-clock cap including the final evaluation (stops early, with a warning; makes the weights depend on machine speed)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="optional wall-clock cap including the final evaluation (stops early, with a warning; makes the weights depend on machine speed)",
+    )
     p.add_argument("--steps", type=int, default=400, help="SFT steps (default 400); 0: as many as --minutes allows")
-    p.add_argument("--p-good-bridge", type=float, default=DEFAULT_P_GOOD["bridge"], help="fraction of bridge demonstrations that solve the question")
-    p.add_argument("--p-good-comparison", type=float, default=DEFAULT_P_GOOD["comparison"], help="the same for comparison questions")
+    p.add_argument(
+        "--p-good-bridge",
+        type=float,
+        default=DEFAULT_P_GOOD["bridge"],
+        help="fraction of bridge demonstrations that solve the question",
+    )
+    p.add_argument(
+        "--p-good-comparison",
+        type=float,
+        default=DEFAULT_P_GOOD["comparison"],
+        help="the same for comparison questions",
+    )
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--batch", type=int, default=16, help="demonstrations per step")
     p.add_argument("--no-drills", action="store_true", help="ablation: no copy drills")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2; fixed, so the weights do not depend on the core count)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads (default 2; fixed, so the weights do not depend on the core count)",
+    )
     p.add_argument("--init", default=None, help="continue SFT from this warm-start folder")
     p.add_argument("--drills", type=int, default=96, help="drills per step")
     p.add_argument("--drill-weight", type=float, default=1.0)
     p.add_argument("--max-drill", type=int, default=10, help="longest copy drill (names)")
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--name-weight", type=float, default=4.0, help="loss weight of entity-name tokens in demonstrations")
-    p.add_argument("--recall-frac", type=float, default=0.6, help="fraction of the copy drills that are key-value recall instead of plain repeats")
-    p.add_argument("--compare-frac", type=float, default=0.5, help="fraction of drills that are birth-decade comparisons")
-    p.add_argument("--adjacent-frac", type=float, default=0.5, help="fraction of comparison drills between neighbouring decades, from step --adjacent-from on")
+    p.add_argument(
+        "--recall-frac",
+        type=float,
+        default=0.6,
+        help="fraction of the copy drills that are key-value recall instead of plain repeats",
+    )
+    p.add_argument(
+        "--compare-frac", type=float, default=0.5, help="fraction of drills that are birth-decade comparisons"
+    )
+    p.add_argument(
+        "--adjacent-frac",
+        type=float,
+        default=0.5,
+        help="fraction of comparison drills between neighbouring decades, from step --adjacent-from on",
+    )
     p.add_argument("--adjacent-from", type=int, default=250, help="SFT step from which --adjacent-frac applies")
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
-    build(Path(a.out), seed=a.seed, minutes=a.minutes, steps=a.steps or None, p_good=p_good, lr=a.lr, batch=a.batch, drills=0 if a.no_drills else a.drills,
-          drill_weight=a.drill_weight, threads=a.threads, init=Path(a.init) if a.init else None, max_drill=a.max_drill, warmup=a.warmup,
-          name_weight=a.name_weight, recall_frac=a.recall_frac, compare_frac=a.compare_frac,
-          adjacent_frac=a.adjacent_frac, adjacent_from=a.adjacent_from)
+    build(
+        Path(a.out),
+        seed=a.seed,
+        minutes=a.minutes,
+        steps=a.steps or None,
+        p_good=p_good,
+        lr=a.lr,
+        batch=a.batch,
+        drills=0 if a.no_drills else a.drills,
+        drill_weight=a.drill_weight,
+        threads=a.threads,
+        init=Path(a.init) if a.init else None,
+        max_drill=a.max_drill,
+        warmup=a.warmup,
+        name_weight=a.name_weight,
+        recall_frac=a.recall_frac,
+        compare_frac=a.compare_frac,
+        adjacent_frac=a.adjacent_frac,
+        adjacent_from=a.adjacent_from,
+    )
     return 0
 
 

@@ -41,6 +41,7 @@ measures all 200 (and through vLLM with ``--vllm``). Build time and machine load
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -60,13 +61,15 @@ META_NAME = "coordrl_world_reader.json"
 DEFAULTS: dict = {
     "seed": 0,
     "init": "src/coordrl/resources/warm_start",
-    "steps": 800,
+    "steps": 1400,
     "chunks": 16,
     "queries": 4,
     "lr": 1e-3,
     "warmup": 60,
     "min_lr_frac": 0.05,
     "weight_decay": 0.01,
+    "value_weight": 4.0,
+    "p_contrast": 0.5,
     "n_train": 2000,
     "n_heldout": 200,
     "n_eval_rows": 20,
@@ -81,34 +84,73 @@ def log(msg: str) -> None:
 
 def prompt_ids(tok, chunk: str, query: str) -> list[int]:
     """The token ids a vLLM server builds from the fleet's request for (chunk, query)."""
-    from coordrl.rollout.reader_prompt import (
+    from coordrl.readers.prompt import (
         READER_CHAT_TEMPLATE_KWARGS,
         reader_messages,
     )
 
     return list(
         tok.apply_chat_template(
-            reader_messages(chunk, query), add_generation_prompt=True, tokenize=True, return_dict=False, **READER_CHAT_TEMPLATE_KWARGS
+            reader_messages(chunk, query),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **READER_CHAT_TEMPLATE_KWARGS,
         )
     )
 
 
+def shared_prefix_len(tok) -> int:
+    """Length of the instruction prefix every reader prompt starts with (the passage follows it)."""
+    probe = [prompt_ids(tok, "a", "b"), prompt_ids(tok, "Document 1:\nc", "d")]
+    return next(i for i, (a, b) in enumerate(zip(*probe)) if a != b)
+
+
 def greedy_replies(model, tok, examples, batch_size: int = 64, max_new_tokens: int = 32) -> list[str]:
-    """Greedy replies of ``model`` to ``examples`` (left-padded batches), decoded without special tokens."""
+    """Greedy replies of ``model`` to ``examples``, decoded without special tokens.
+
+    The instruction prefix (three quarters of every prompt) is computed once and shared: each batch
+    continues it with the left-padded rest of its prompts (the padding sits inside the cache, hidden
+    by the attention mask; positions skip it), then decodes token by token until every row has
+    ended with ``<|im_end|>`` or ``max_new_tokens`` are out."""
+    from transformers import DynamicCache
+
     eos, pad = tok.eos_token_id, tok.pad_token_id
+    n_prefix = shared_prefix_len(tok)
     replies: list[str] = []
     model.eval()
-    for start in range(0, len(examples), batch_size):
-        batch = [prompt_ids(tok, e.chunk, e.query) for e in examples[start : start + batch_size]]
-        width = max(map(len, batch))
-        inp = torch.tensor([[pad] * (width - len(b)) + b for b in batch])
-        att = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch])
-        with torch.no_grad():
-            out = model.generate(inp, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
-        for row in out[:, width:].tolist():
-            if eos in row:
-                row = row[: row.index(eos)]
-            replies.append(tok.decode(row, skip_special_tokens=True).strip())
+    with torch.no_grad():
+        base = DynamicCache()
+        model(input_ids=torch.tensor([prompt_ids(tok, "a", "b")[:n_prefix]]), cache=base, use_cache=True)
+        for start in range(0, len(examples), batch_size):
+            tails = [prompt_ids(tok, e.chunk, e.query)[n_prefix:] for e in examples[start : start + batch_size]]
+            n, width = len(tails), max(map(len, tails))
+            cache = copy.deepcopy(base)
+            cache.batch_repeat_interleave(n)
+            ids = torch.tensor([[pad] * (width - len(t)) + t for t in tails])
+            att = torch.tensor([[1] * n_prefix + [0] * (width - len(t)) + [1] * len(t) for t in tails])
+            pos = torch.tensor(
+                [[n_prefix] * (width - len(t)) + list(range(n_prefix, n_prefix + len(t))) for t in tails]
+            )
+            out: list[list[int]] = [[] for _ in range(n)]
+            done = torch.zeros(n, dtype=torch.bool)
+            for _ in range(max_new_tokens):
+                logits = model(input_ids=ids, cache=cache, attention_mask=att, position_ids=pos, use_cache=True).logits[
+                    :, -1
+                ]
+                nxt = logits.argmax(-1)
+                for i in range(n):
+                    if not done[i]:
+                        out[i].append(int(nxt[i]))
+                done |= nxt == eos
+                if bool(done.all()):
+                    break
+                ids, pos = nxt.unsqueeze(1), pos[:, -1:] + 1
+                att = torch.cat([att, torch.ones(n, 1, dtype=torch.long)], dim=1)
+            for row in out:
+                if eos in row:
+                    row = row[: row.index(eos)]
+                replies.append(tok.decode(row, skip_special_tokens=True).strip())
     return replies
 
 
@@ -118,9 +160,9 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
     recipe: it changes speed, not the data or the steps)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-    from coordrl.data.world import make_world, world_splits
+    from coordrl.data.tokenizer import save_tokenizer
+    from coordrl.data.world import DECADES, make_world, world_splits
     from coordrl.data.world_reader import eval_examples, sample_chunk, score_replies
-    from coordrl.rollout.tiny_qwen3 import save_tokenizer
 
     cfg = {**DEFAULTS, **overrides}
     unknown = set(overrides) - set(DEFAULTS)
@@ -134,7 +176,9 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     init = ROOT / cfg["init"]
     tok = AutoTokenizer.from_pretrained(str(init), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(init), use_safetensors=True, dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(init), use_safetensors=True, dtype=torch.float32, local_files_only=True
+    )
     tmp.mkdir(parents=True)
     world = make_world(0)
     splits = world_splits(cfg["n_train"], cfg["n_heldout"], seed=0)
@@ -142,13 +186,18 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
     eos, pad_id = tok.eos_token_id, tok.pad_token_id
 
     # The instructions' ids are a prefix of every prompt (the passage starts right after them).
-    probe = [prompt_ids(tok, "a", "b"), prompt_ids(tok, "Document 1:\nc", "d")]
-    prefix_len = next(i for i, (a, b) in enumerate(zip(*probe)) if a != b)
-    prefix_ids = probe[0][:prefix_len]
+    prefix_len = shared_prefix_len(tok)
+    prefix_ids = prompt_ids(tok, "a", "b")[:prefix_len]
     prefix = torch.tensor([prefix_ids])
     log(f"vocab {len(tok)}; shared instruction prefix {prefix_len} tokens ({time.time() - t0:.0f}s)")
 
-    def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    # The copied values (names, birth decades) are the few tokens of an answer that need reading; the
+    # rest is template. The errors of an unweighted build (800 steps) were all wrong values.
+    value_ids = {
+        tok(f" {w}", add_special_tokens=False)["input_ids"][0] for w in [*world.names, *(f"{d}s" for d in DECADES)]
+    }
+
+    def pad(rows: list[list], value: float) -> torch.Tensor:
         w = max(map(len, rows))
         return torch.tensor([r + [value] * (w - len(r)) for r in rows])
 
@@ -157,7 +206,9 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
         chunk ``queries`` tails (question, generation prompt, answer) with their loss masks."""
         passages, tails, masks = [], [], []
         for _ in range(cfg["chunks"]):
-            group = sample_chunk(rng, splits["train"], world, cfg["queries"], cfg["p_positive"], cfg["negative_mix"])
+            group = sample_chunk(
+                rng, splits["train"], world, cfg["queries"], cfg["p_positive"], cfg["negative_mix"], cfg["p_contrast"]
+            )
             prompts = [prompt_ids(tok, e.chunk, e.query) for e in group]
             # The passage ends where a prompt with another question starts to differ.
             other = prompt_ids(tok, group[0].chunk, "?")
@@ -168,7 +219,9 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
             for e, ids in zip(group, prompts, strict=True):
                 answer = tok(e.answer, add_special_tokens=False)["input_ids"] + [eos]
                 tails.append(ids[cut:] + answer)
-                masks.append([0] * (len(ids) - cut) + [1] * len(answer))
+                masks.append(
+                    [0.0] * (len(ids) - cut) + [cfg["value_weight"] if t in value_ids else 1.0 for t in answer]
+                )
         return passages, tails, masks
 
     def loss_of(passages: list[list[int]], tails: list[list[int]], masks: list[list[int]]) -> torch.Tensor:
@@ -189,10 +242,14 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
         # Right padding of the tails: causal attention never lets a real token see a pad.
         att = torch.cat([att.repeat_interleave(k, dim=0), torch.ones(t_ids.shape, dtype=torch.long)], dim=1)
         pos = (prefix_len + lengths.repeat_interleave(k)).unsqueeze(1) + torch.arange(t_ids.size(1)).unsqueeze(0)
-        hidden = model.model(input_ids=t_ids, cache=cache, attention_mask=att, position_ids=pos, use_cache=True).last_hidden_state[:, :-1]
+        hidden = model.model(
+            input_ids=t_ids, cache=cache, attention_mask=att, position_ids=pos, use_cache=True
+        ).last_hidden_state[:, :-1]
         # The output layer runs only where the loss is: the answer tokens.
         keep = m[:, 1:] > 0
-        return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]), t_ids[:, 1:][keep])
+        nll = torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]), t_ids[:, 1:][keep], reduction="none")
+        # Normalised by the number of answer tokens, not their weights, so value_weight adds signal.
+        return (nll * m[:, 1:][keep]).sum() / keep.sum()
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=(0.9, 0.98))
     steps, warmup = cfg["steps"], cfg["warmup"]
@@ -229,7 +286,15 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
         "init_model_sha256": hashlib.sha256((init / "model.safetensors").read_bytes()).hexdigest(),
         "shape": {
             k: getattr(model.config, k)
-            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "intermediate_size",
+                "vocab_size",
+            )
         },
         "prefix_tokens": prefix_len,
         "torch_threads": threads,
@@ -250,12 +315,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT.relative_to(ROOT)})")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help=f"training steps (default {DEFAULTS['steps']})")
-    p.add_argument("--chunks", type=int, default=DEFAULTS["chunks"], help=f"chunks per step (default {DEFAULTS['chunks']})")
-    p.add_argument("--queries", type=int, default=DEFAULTS["queries"], help=f"queries per chunk (default {DEFAULTS['queries']})")
+    p.add_argument(
+        "--chunks", type=int, default=DEFAULTS["chunks"], help=f"chunks per step (default {DEFAULTS['chunks']})"
+    )
+    p.add_argument(
+        "--queries", type=int, default=DEFAULTS["queries"], help=f"queries per chunk (default {DEFAULTS['queries']})"
+    )
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--init", default=DEFAULTS["init"], help=f"model folder to fine-tune, relative to the repository (default {DEFAULTS['init']})")
+    p.add_argument(
+        "--init",
+        default=DEFAULTS["init"],
+        help=f"model folder to fine-tune, relative to the repository (default {DEFAULTS['init']})",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument("--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end")
+    p.add_argument(
+        "--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end"
+    )
     a = p.parse_args(argv)
     if min(a.steps, a.chunks, a.queries, a.threads) < 1:
         p.error("--steps, --chunks, --queries and --threads must be positive")

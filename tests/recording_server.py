@@ -63,7 +63,14 @@ def scripted_chat_reply(role: str, body: dict[str, Any]) -> str:
         return "Answer: " + text.rsplit("Question: ", 1)[-1]
     if role == "writer":
         pages = _PAGE_ID.findall(text)
-        return json.dumps({"summary": "Recorded card.", "topics": ["recorded"], "entities": [], "page_gists": {p: "page" for p in pages}})
+        return json.dumps(
+            {
+                "summary": "Recorded card.",
+                "topics": ["recorded"],
+                "entities": [],
+                "page_gists": {p: "page" for p in pages},
+            }
+        )
     if role == "region_writer":
         return json.dumps({"summary": "Recorded region.", "submap": {}, "crossref": []})
     if role == "selector":  # the first page shown, so the answer model gets evidence
@@ -83,7 +90,9 @@ class RecordingServer:
         model: the name listed by ``/v1/models`` (default ``"recorded"``).
     """
 
-    def __init__(self, policy_responder: Callable[[dict[str, Any]], list[int]] | None = None, model: str = "recorded") -> None:
+    def __init__(
+        self, policy_responder: Callable[[dict[str, Any]], list[int]] | None = None, model: str = "recorded"
+    ) -> None:
         self.policy_responder = policy_responder
         self.model = model
         self.faults: dict[str, str] = {}
@@ -135,7 +144,9 @@ class RecordingServer:
                 if self.path == "/health":
                     self._send(200, b"")
                 elif self.path == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": server.model, "object": "model"}]}).encode())
+                    self._send(
+                        200, json.dumps({"object": "list", "data": [{"id": server.model, "object": "model"}]}).encode()
+                    )
                 else:
                     self._send(404, b'{"error": "not found"}')
 
@@ -161,7 +172,11 @@ class RecordingServer:
                     choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop"}
                     return self._send(200, json.dumps({"choices": [choice]}).encode())
                 text = "\x00{{garbage" if fault == "garbage" else scripted_chat_reply(role, body)
-                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+                reply = {
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ]
+                }
                 self._send(200, json.dumps(reply).encode())
 
         return Handler

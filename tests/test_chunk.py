@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from coordrl.data.chunk import chunk_context
@@ -18,7 +20,7 @@ def test_chunks_tile_the_context_and_know_their_documents(tok):
     assert "".join(c.text for c in chunks) == context
     n_tokens = len(tok(context, add_special_tokens=False)["input_ids"])
     assert chunks[0].token_start == 0 and chunks[-1].token_end == n_tokens
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in itertools.pairwise(chunks):
         assert a.token_end == b.token_start and a.char_end == b.char_start
         assert a.documents[-1] in (b.documents[0], b.documents[0] - 1)
     for c in chunks:

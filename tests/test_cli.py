@@ -15,7 +15,9 @@ def test_help_lists_subcommands(capsys):
 
 def test_data_build_show_and_errors(tmp_path, capsys):
     out = tmp_path / "ds"
-    assert main(["data", "build", "--out", str(out), "--num-paragraphs", "30", "--num-samples", "4", "--seed", "2"]) == 0
+    assert (
+        main(["data", "build", "--out", str(out), "--num-paragraphs", "30", "--num-samples", "4", "--seed", "2"]) == 0
+    )
     assert "4 samples" in capsys.readouterr().out
     assert main(["data", "show", str(out), "--index", "1", "--max-chars", "100"]) == 0
     shown = capsys.readouterr().out
@@ -31,7 +33,13 @@ def test_data_build_show_and_errors(tmp_path, capsys):
 
 def test_bad_record_error_names_record_and_skip_counts(tmp_path, capsys):
     raw = [
-        {"_id": "q1", "question": "Who?", "answer": "A", "supporting_facts": [["T1", 0]], "context": [["T1", ["A is here."]], ["T2", ["B."]]]},
+        {
+            "_id": "q1",
+            "question": "Who?",
+            "answer": "A",
+            "supporting_facts": [["T1", 0]],
+            "context": [["T1", ["A is here."]], ["T2", ["B."]]],
+        },
         {"_id": "q2", "question": "What?", "answer": "", "supporting_facts": [["T3", 0]], "context": [["T3", ["C."]]]},
     ]
     src = tmp_path / "mini.json"
@@ -49,8 +57,32 @@ def test_bad_record_error_names_record_and_skip_counts(tmp_path, capsys):
 
 def test_sweep_cli(tmp_path, capsys):
     out = tmp_path / "sw"
-    assert main(["data", "sweep", "--questions", "2", "--lengths", "20,40", "--controls", "position", "--control-length", "30", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "sweep",
+                "--questions",
+                "2",
+                "--lengths",
+                "20,40",
+                "--controls",
+                "position",
+                "--control-length",
+                "30",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "sweep.json").read_text())
-    assert [s["folder"] for s in manifest["subsets"]] == ["length-00020", "length-00040", "position-start", "position-middle", "position-end"]
+    assert [s["folder"] for s in manifest["subsets"]] == [
+        "length-00020",
+        "length-00040",
+        "position-start",
+        "position-middle",
+        "position-end",
+    ]
     assert main(["data", "sweep", "--questions", "2", "--controls", "bogus", "--out", str(tmp_path / "z")]) == 2
     assert "bogus" in capsys.readouterr().err

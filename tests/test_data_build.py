@@ -1,6 +1,7 @@
 """The training-set builder and the evaluation sweep on the shipped HotpotQA sample."""
 
 import filecmp
+import itertools
 import json
 import random
 from pathlib import Path
@@ -101,7 +102,10 @@ def test_token_budget_mode(tmp_path):
 
 def test_sweep_same_questions_every_length_and_6400_paragraphs(tmp_path):
     out = tmp_path / "sweep"
-    manifest = build_sweep(SweepConfig(questions=2, lengths=[50, 6400], controls=["position", "order", "distance"], control_length=100), out)
+    manifest = build_sweep(
+        SweepConfig(questions=2, lengths=[50, 6400], controls=["position", "order", "distance"], control_length=100),
+        out,
+    )
     folders = [s["folder"] for s in manifest["subsets"]]
     assert folders[:2] == ["length-00050", "length-06400"]
     by_folder = {f: datasets.load_from_disk(str(out / f)) for f in folders}
@@ -120,7 +124,7 @@ def test_sweep_same_questions_every_length_and_6400_paragraphs(tmp_path):
         assert rev["gold_documents"] == sorted(rev["gold_documents"], reverse=True)
     for s in by_folder["distance-25"]:
         d = sorted(s["gold_documents"])
-        assert all(b - a == 26 for a, b in zip(d, d[1:]))
+        assert all(b - a == 26 for a, b in itertools.pairwise(d))
         assert s["variant"] == "distance=25"
     assert json.loads((out / "sweep.json").read_text())["recipe"]["questions"] == 2
 
@@ -144,7 +148,18 @@ def test_distractor_sampling_does_not_scan_the_pool():
     pool.paragraphs = NoScan(pool.paragraphs)
     rec = records[0]
     rec_costs = counter.paragraph_costs(rec.paragraphs)
-    sample = pack_sample(rec, rec_costs, pool, costs, counter, PackSpec(num_paragraphs=400), seed=0, stream="t", index=0, sample_id=rec.id)
+    sample = pack_sample(
+        rec,
+        rec_costs,
+        pool,
+        costs,
+        counter,
+        PackSpec(num_paragraphs=400),
+        seed=0,
+        stream="t",
+        index=0,
+        sample_id=rec.id,
+    )
     assert sample["num_paragraphs"] == 400
     assert NoScan.reads == 400 - len(rec.paragraphs)
 
@@ -223,7 +238,10 @@ def test_hub_layout_records_parse():
         "question": raw["question"],
         "answer": raw["answer"],
         "type": raw["type"],
-        "supporting_facts": {"title": [t for t, _ in raw["supporting_facts"]], "sent_id": [i for _, i in raw["supporting_facts"]]},
+        "supporting_facts": {
+            "title": [t for t, _ in raw["supporting_facts"]],
+            "sent_id": [i for _, i in raw["supporting_facts"]],
+        },
         "context": {"title": [t for t, _ in raw["context"]], "sentences": [s for _, s in raw["context"]]},
     }
     assert parse_record(hub, "hotpotqa", 0) == parse_record(raw, "hotpotqa", 0)

@@ -43,7 +43,9 @@ def test_near_the_limit_the_count_is_exact(coord):
     with pytest.raises(InputError, match=r"document has at least [\d,]+ tokens, more than the limit of 50,000"):
         coord.answer(over, "What is the capital of France?")
     result = coord.answer("Document 1:\nParis\n" + unit * 20, "What is the capital of France?")
-    assert result.info["document_tokens"] == len(tok("Document 1:\nParis\n" + unit * 20, add_special_tokens=False)["input_ids"])
+    assert result.info["document_tokens"] == len(
+        tok("Document 1:\nParis\n" + unit * 20, add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_chars_per_token_bound_holds_and_is_tight():
@@ -73,15 +75,22 @@ def test_no_bound_when_the_tokenizer_can_drop_text():
 
 
 def test_text_with_a_lone_surrogate_is_a_clear_error(coord):
-    with pytest.raises(InputError, match=r"document is not valid Unicode text: a lone surrogate \(U\+D800\) at character 18"):
+    with pytest.raises(
+        InputError, match=r"document is not valid Unicode text: a lone surrogate \(U\+D800\) at character 18"
+    ):
         coord.answer("Document 1:\nParis\n\ud800 is in France.", "Where is Paris?")
-    with pytest.raises(InputError, match=r"question is not valid Unicode text: a lone surrogate \(U\+DFFF\) at character 6"):
+    with pytest.raises(
+        InputError, match=r"question is not valid Unicode text: a lone surrogate \(U\+DFFF\) at character 6"
+    ):
         coord.answer("Document 1:\nParis\nParis is in France.", "Where \udfff is Paris?")
 
 
 def test_windowed_count_is_exact_and_stops_past_the_limit():
     tok = load_tokenizer(None)
-    paragraphs = [f"Document {i}:\nTitle {i}\nTitle {i} was founded in {1900 + i} by Person {i}; café ☕ naïve  spaces.\n" for i in range(400)]
+    paragraphs = [
+        f"Document {i}:\nTitle {i}\nTitle {i} was founded in {1900 + i} by Person {i}; café ☕ naïve  spaces.\n"
+        for i in range(400)
+    ]
     text = "\n".join(paragraphs) + "\n\n   \n" + "tail " * 50
     exact = len(tok(text, add_special_tokens=False)["input_ids"])
     for window in (97, 1000, 5000, len(text)):  # many cuts, a few, none
@@ -89,7 +98,9 @@ def test_windowed_count_is_exact_and_stops_past_the_limit():
     stopped = count_tokens_up_to(tok, text, limit=exact // 4, window_chars=1000)
     assert exact // 4 < stopped < exact // 2  # it stopped soon after the limit
     no_cut = "word " * 5000  # no newline to cut at: counted whole
-    assert count_tokens_up_to(tok, no_cut, limit=10, window_chars=100) == len(tok(no_cut, add_special_tokens=False)["input_ids"])
+    assert count_tokens_up_to(tok, no_cut, limit=10, window_chars=100) == len(
+        tok(no_cut, add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_without_a_length_bound_an_over_long_document_is_counted_in_windows(coord):
@@ -98,7 +109,9 @@ def test_without_a_length_bound_an_over_long_document_is_counted_in_windows(coor
     coord._chars_per_token = None
     try:
         tracemalloc.start()
-        with pytest.raises(InputError, match=r"document has at least [\d,]+ tokens, more than the limit of 50,000") as err:
+        with pytest.raises(
+            InputError, match=r"document has at least [\d,]+ tokens, more than the limit of 50,000"
+        ) as err:
             coord.answer(document, "What is the capital of France?")
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -44,7 +44,14 @@ EVAL_FLAGS = ["--readers", "lexical", "--max-new-tokens", "16", "--no-progress"]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train") / "run"
-    overrides = {"output_dir": str(out), "max_steps": "2", "eval_strategy": "no", "eval_data": "null", "report_to": "none", "save_steps": "2"}
+    overrides = {
+        "output_dir": str(out),
+        "max_steps": "2",
+        "eval_strategy": "no",
+        "eval_data": "null",
+        "report_to": "none",
+        "save_steps": "2",
+    }
     train(load_config(TINY, overrides))
     return out
 
@@ -150,10 +157,19 @@ def test_failed_requests_score_zero_or_are_dropped(final, sweep, tmp_path):
     trace = _lines(out / "traces" / "length-00020.jsonl")[0]
     assert trace["status"] == "failed" and "ConnectError" in trace["error"]
 
-    ok = {"status": "ok", "prediction": "x", "scores": {"sub_em": 1.0, "guarded_sub_em": 1.0, "em": 1.0, "f1": 1.0}, "info": {"turns": 2, "queries": 3}, "seconds": 1.0}
+    ok = {
+        "status": "ok",
+        "prediction": "x",
+        "scores": {"sub_em": 1.0, "guarded_sub_em": 1.0, "em": 1.0, "f1": 1.0},
+        "info": {"turns": 2, "queries": 3},
+        "seconds": 1.0,
+    }
     bad = {"status": "failed", "error": "boom"}
     assert aggregate([ok, bad])["sub_em"] == 0.5 and aggregate([ok, bad])["samples"] == 2
-    assert aggregate([ok, bad], drop_failed=True)["sub_em"] == 1.0 and aggregate([ok, bad], drop_failed=True)["samples"] == 1
+    assert (
+        aggregate([ok, bad], drop_failed=True)["sub_em"] == 1.0
+        and aggregate([ok, bad], drop_failed=True)["samples"] == 1
+    )
     assert aggregate([ok, bad])["queries_per_turn"] == 1.5
 
 
@@ -161,7 +177,11 @@ def test_compare_writes_side_by_side_table_and_plot(eval_out, sweep, tmp_path):
     scripted = tmp_path / "scripted"
     assert main(["eval", "--policy", "scripted", "--data", str(sweep), "--out", str(scripted), *EVAL_FLAGS]) == 0
     res = json.loads((scripted / "results.json").read_text())
-    assert res["overall"]["turns"] == 1.0 and res["overall"]["reader_calls"] > 0 and res["overall"]["gold_coverage"] is not None
+    assert (
+        res["overall"]["turns"] == 1.0
+        and res["overall"]["reader_calls"] > 0
+        and res["overall"]["gold_coverage"] is not None
+    )
     cmp_dir = tmp_path / "cmp"
     assert main(["eval", "--compare", str(eval_out), str(scripted), "--out", str(cmp_dir)]) == 0
     md = (cmp_dir / "comparison.md").read_text()
@@ -172,7 +192,25 @@ def test_compare_writes_side_by_side_table_and_plot(eval_out, sweep, tmp_path):
 
 def test_baselines_mapreduce_fullcontext_prompted(export_dir, sweep, tmp_path):
     mr = tmp_path / "mr"
-    assert main(["eval", "--policy", str(export_dir), "--data", str(sweep), "--out", str(mr), "--limit", "1", "--baseline", "mapreduce", *EVAL_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                str(export_dir),
+                "--data",
+                str(sweep),
+                "--out",
+                str(mr),
+                "--limit",
+                "1",
+                "--baseline",
+                "mapreduce",
+                *EVAL_FLAGS,
+            ]
+        )
+        == 0
+    )
     trace = _lines(mr / "traces" / "length-00040.jsonl")[0]
     first = trace["messages"][2]
     assert first["tool_calls"][0]["function"]["arguments"] == {"queries": [trace["question"]]}
@@ -191,9 +229,31 @@ def test_baselines_mapreduce_fullcontext_prompted(export_dir, sweep, tmp_path):
     assert "middle-truncated" in (fc / "results.md").read_text()
 
     pr = tmp_path / "pr"  # a single dataset folder works as --data too
-    assert main(["eval", "--policy", str(export_dir), "--data", str(sweep / "length-00020"), "--out", str(pr), "--limit", "1", "--baseline", "prompted", *EVAL_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                str(export_dir),
+                "--data",
+                str(sweep / "length-00020"),
+                "--out",
+                str(pr),
+                "--limit",
+                "1",
+                "--baseline",
+                "prompted",
+                *EVAL_FLAGS,
+            ]
+        )
+        == 0
+    )
     results = json.loads((pr / "results.json").read_text())
-    assert results["policy"]["weights"] and "tiny-qwen3" in results["policy"]["weights"] and results["overall"]["samples"] == 1
+    assert (
+        results["policy"]["weights"]
+        and "tiny-qwen3" in results["policy"]["weights"]
+        and results["overall"]["samples"] == 1
+    )
 
 
 # -- export -----------------------------------------------------------------------------------------
@@ -246,7 +306,7 @@ def test_export_into_an_unwritable_folder_is_one_line(final, tmp_path, capsys):
 def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     no_marker = _checkpoint_copy(final, tmp_path / "no-marker")
     (no_marker / COMPLETE_MARKER).unlink()
-    with pytest.raises(PolicyError, match="incomplete checkpoint.*COMPLETE"):
+    with pytest.raises(PolicyError, match=r"incomplete checkpoint.*COMPLETE"):
         export_policy(no_marker, tmp_path / "x")
     assert main(["export", "--checkpoint", str(no_marker), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
@@ -256,7 +316,7 @@ def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     unknown = _checkpoint_copy(final, tmp_path / "unknown-protocol")
     meta = json.loads((unknown / CHECKPOINT_META).read_text())
     (unknown / CHECKPOINT_META).write_text(json.dumps({**meta, "protocol": "magi"}))
-    with pytest.raises(PolicyError, match="protocol 'magi'.*parser, hmars only"):
+    with pytest.raises(PolicyError, match=r"protocol 'magi'.*parser, hmars only"):
         export_policy(unknown, tmp_path / "x")
     with pytest.raises(PolicyError, match="protocol 'magi'"):
         Coordinator.from_pretrained(unknown)
@@ -264,7 +324,7 @@ def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     pickled = _checkpoint_copy(final, tmp_path / "pickled")
     (pickled / "model.safetensors").unlink()
     (pickled / "pytorch_model.bin").write_bytes(b"not really a pickle")
-    with pytest.raises(PolicyError, match="pickle.*safetensors only"):
+    with pytest.raises(PolicyError, match=r"pickle.*safetensors only"):
         export_policy(pickled, tmp_path / "x")
     (pickled / "pytorch_model.bin").unlink()
     with pytest.raises(PolicyError, match="no model weights"):
@@ -272,10 +332,10 @@ def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
 
     no_config = _checkpoint_copy(final, tmp_path / "no-config")
     (no_config / "config.json").unlink()
-    with pytest.raises(PolicyError, match="config.json is missing"):
+    with pytest.raises(PolicyError, match=r"config.json is missing"):
         export_policy(no_config, tmp_path / "x")
 
-    with pytest.raises(PolicyError, match="training output folder.*final"):
+    with pytest.raises(PolicyError, match=r"training output folder.*final"):
         export_policy(final.parent, tmp_path / "x")
 
     lora = _checkpoint_copy(final, tmp_path / "lora")
@@ -284,7 +344,7 @@ def test_bad_checkpoints_are_refused_with_the_reason(final, tmp_path, capsys):
     try:
         import peft  # noqa: F401
     except ImportError:
-        with pytest.raises(PolicyError, match="LoRA adapter.*needs peft"):
+        with pytest.raises(PolicyError, match=r"LoRA adapter.*needs peft"):
             export_policy(lora, tmp_path / "x")
 
 
@@ -316,7 +376,9 @@ def test_coordinator_evidence_async_and_batch(row):
         assert {"chunk", "documents", "text"} <= set(ev) and ev["documents"], ev  # Document headers are recognised
         again = asyncio.run(coord.aanswer(row["context"], row["question"]))
         assert again.answer == result.answer
-        batch = coord.answer_batch([(row["context"], row["question"]), ("Document 1:\nParis is in France.", "Where is Paris?")])
+        batch = coord.answer_batch(
+            [(row["context"], row["question"]), ("Document 1:\nParis is in France.", "Where is Paris?")]
+        )
         assert batch[0].answer == result.answer and len(batch) == 2
 
 
@@ -347,11 +409,25 @@ def test_coordinator_rejects_bad_input(row, tmp_path, capsys):
 def test_answer_cli(row, export_dir, tmp_path, capsys):
     doc = tmp_path / "doc.txt"
     doc.write_text(row["context"], encoding="utf-8")
-    assert main(["answer", "--policy", "scripted", "--document", str(doc), "--question", row["question"], "--json"]) == 0
+    assert (
+        main(["answer", "--policy", "scripted", "--document", str(doc), "--question", row["question"], "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["answer"] and out["trace"] and out["evidence"] and out["info"]["reader_calls"] > 0
     # The random tiny model gives no tagged answer: "(no answer)" and exit status 1.
-    rc = main(["answer", "--policy", str(export_dir), "--document", str(doc), "--question", row["question"], "--max-new-tokens", "8"])
+    rc = main(
+        [
+            "answer",
+            "--policy",
+            str(export_dir),
+            "--document",
+            str(doc),
+            "--question",
+            row["question"],
+            "--max-new-tokens",
+            "8",
+        ]
+    )
     assert rc == 1 and capsys.readouterr().out.strip() == "(no answer)"
 
 
@@ -379,7 +455,9 @@ def test_export_served_by_vllm_matches_in_process_greedy(export_dir, sweep, row,
     """
     python = _vllm_python()
     if python is None:
-        pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
+        pytest.skip(
+            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
+        )
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.step import StepEnv
     from coordrl.readers.serve import start_reader_servers
@@ -399,7 +477,12 @@ def test_export_served_by_vllm_matches_in_process_greedy(export_dir, sweep, row,
         local = Coordinator.from_pretrained(export_dir)
         try:
             # First turn, token for token.
-            env = StepEnv(local._factory(), ChatCodec(local.tokenizer), max_turns=12, prompt_fn=lambda r: local.source.prompt(r["question"]))
+            env = StepEnv(
+                local._factory(),
+                ChatCodec(local.tokenizer),
+                max_turns=12,
+                prompt_fn=lambda r: local.source.prompt(r["question"]),
+            )
             env.reset(**row)
             policy = remote.policy
             assert isinstance(policy, OpenAIPolicy)

@@ -189,7 +189,9 @@ def test_caller_transport_goes_through_httpx_client():
         seen.append(request)
         return httpx.Response(200, json={"choices": [{"message": {"content": "mocked"}}]})
 
-    fleet = OpenAIReaderFleet(["http://reader.invalid:8000"], "m", api_key_env=None, transport=httpx.MockTransport(handler))
+    fleet = OpenAIReaderFleet(
+        ["http://reader.invalid:8000"], "m", api_key_env=None, transport=httpx.MockTransport(handler)
+    )
     results = asyncio.run(_answer(fleet, [_req(0), _req(1)]))
     assert [r.text for r in results] == ["mocked", "mocked"]
     assert [str(r.url) for r in seen] == ["http://reader.invalid:8000/v1/chat/completions"] * 2
@@ -268,7 +270,7 @@ def test_batch_tail_cache_keeps_bodies_byte_identical():
         tails: dict[str, bytes] = {}
         queries = [" Who?", "Quand é?\n", "<think>x</think>", ""]
         for i in range(100):
-            request = ReaderRequest(rng.choice(queries), "".join(rng.choice("ab\n\"ü<") for _ in range(50)), f"k{i}")
+            request = ReaderRequest(rng.choice(queries), "".join(rng.choice('ab\n"ü<') for _ in range(50)), f"k{i}")
             assert fleet._encode_body(request, tails) == fleet.encode_body(request)
             assert fleet.encode_body(request) == json.dumps(fleet.request_body(request), separators=(",", ":")).encode()
         fleet.max_tokens = 7  # a change between batches applies to the next batch
@@ -283,7 +285,7 @@ def test_json_string_fast_path_is_byte_identical_to_json_dumps():
 
     rng = random.Random(2)
     alphabet = [chr(c) for c in range(128)] + ["é", "😀", "\u2028", "\ufeff"]
-    plain = "the quick brown fox\n\t\"quoted\" back\\slash\r\n"
+    plain = 'the quick brown fox\n\t"quoted" back\\slash\r\n'
     for _ in range(5000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         assert _json_string(text) == json.dumps(text).encode(), text

@@ -66,7 +66,11 @@ def _factory(tok, **cfg) -> HmarsEnvFactory:
 
 
 def call(interpretation, hints) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "broadcast", "arguments": {"interpretation": interpretation, "hints": hints}}) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "broadcast", "arguments": {"interpretation": interpretation, "hints": hints}})
+        + "\n</tool_call>"
+    )
 
 
 def stepper(env, tok) -> StepEnv:
@@ -97,7 +101,9 @@ def test_pages_tile_the_document_with_offsets_documents_and_cards(samples, tok):
         assert a.char_end == b.char_start and a.token_end == b.token_start and a.num_tokens <= 512
     for p in pages:  # every Document whose header lies in the page is listed, and the list is contiguous
         headers = [d + 1 for d, off in enumerate(row["doc_offsets"]) if p.char_start <= off < p.char_end]
-        assert set(headers) <= set(p.documents) and list(p.documents) == list(range(p.documents[0], p.documents[-1] + 1))
+        assert set(headers) <= set(p.documents) and list(p.documents) == list(
+            range(p.documents[0], p.documents[-1] + 1)
+        )
     m = math.ceil(len(pages) / 8)
     assert idx.num_subagents == m >= 5 and idx.num_regions == math.ceil(m / 10) == 1
     for s, ids in enumerate(idx.subagent_pages):
@@ -123,10 +129,14 @@ def test_build_indexes_caches_resumes_and_cli(data_dir, samples, tok, tmp_path, 
     key = index_key(samples[1]["context"], samples[1]["doc_offsets"], settings)
     loaded = IndexCache(cache).get(key, samples[1]["context"])
     assert loaded is not None and "".join(p.text for p in loaded.pages) == samples[1]["context"]
-    assert index_key(samples[1]["context"], samples[1]["doc_offsets"], IndexSettings(c_sub=4096, page_tokens=256)) != key
+    assert (
+        index_key(samples[1]["context"], samples[1]["doc_offsets"], IndexSettings(c_sub=4096, page_tokens=256)) != key
+    )
     parser = argparse.ArgumentParser()
     add_index_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["index", "--data", str(data_dir), "--cache", str(cache), "--c-sub", "4096", "--page-tokens", "512"])
+    args = parser.parse_args(
+        ["index", "--data", str(data_dir), "--cache", str(cache), "--c-sub", "4096", "--page-tokens", "512"]
+    )
     assert args.func(args) == 0
     assert "0 built, 2 cached" in capsys.readouterr().out
     # An environment pointed at the cache loads the index instead of building it.
@@ -142,7 +152,11 @@ def test_broadcast_is_the_only_tool_and_its_schema_takes_a_hint_map(factory):
     env = factory()
     assert [t.__name__ for t in env_tools(env)] == ["broadcast"]
     params = get_json_schema(env.broadcast)["function"]["parameters"]
-    assert params["properties"]["hints"] == {"type": "object", "additionalProperties": {"type": "string"}, "description": params["properties"]["hints"]["description"]}
+    assert params["properties"]["hints"] == {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+        "description": params["properties"]["hints"]["description"],
+    }
     assert params["required"] == ["interpretation", "hints"]
 
 
@@ -150,7 +164,9 @@ def test_episode_through_step_env_selects_gold_pages_and_answers(samples, factor
     env = factory()
     se = stepper(env, tok)
     messages = se.reset(**samples[0])
-    assert "Regional memory (mid-agent 1 of 1" in messages[-1]["content"] and "- s7 (Documents" in messages[-1]["content"]
+    assert (
+        "Regional memory (mid-agent 1 of 1" in messages[-1]["content"] and "- s7 (Documents" in messages[-1]["content"]
+    )
     obs, reward, term, trunc, info = se.step(call("Nationalities of Scott Derrickson and Ed Wood", GOOD_HINTS))
     assert (reward, term, trunc) == (0.0, False, False)
     assert "8 of 8 sub-agents selected pages (mode full)" in obs and "- s1: page 10" in obs and "Answer: " in obs
@@ -187,7 +203,10 @@ def test_ablations_change_who_selects_and_what_they_see(samples, tok):
     info, inputs, _ = seen["full"]
     assert info["participants"] == 8 and [x["subagent"] for x in inputs] == list(range(8))
     by = {x["subagent"]: x for x in inputs}
-    assert by[1]["hint"] == GOOD_HINTS["s1"] and by[0]["hint"] == by[0]["interpretation"] == "Nationalities of the two directors"
+    assert (
+        by[1]["hint"] == GOOD_HINTS["s1"]
+        and by[0]["hint"] == by[0]["interpretation"] == "Nationalities of the two directors"
+    )
     info, inputs, selections = seen["dispatch"]
     assert info["participants"] == 2 and [x["subagent"] for x in inputs] == [1, 5] and set(selections) == {"s1", "s5"}
     info, inputs, _ = seen["no_mid"]
@@ -202,12 +221,23 @@ def test_ablations_change_who_selects_and_what_they_see(samples, tok):
 
 def test_reward_terms(tok):
     sentence = "Ada Lovelace wrote the first computer program in 1843."
-    docs = ["Ada Lovelace\n" + sentence + " She was English.", "Blue Whale\nThe blue whale is a marine mammal.", "Paris\nParis is the capital of France."]
+    docs = [
+        "Ada Lovelace\n" + sentence + " She was English.",
+        "Blue Whale\nThe blue whale is a marine mammal.",
+        "Paris\nParis is the capital of France.",
+    ]
     context, offsets = "", []
     for i, d in enumerate(docs, 1):
         offsets.append(len(context))
         context += f"Document {i}:\n{d}" + ("\n\n" if i < len(docs) else "")
-    row = {"id": "t", "question": "Who wrote the first computer program?", "answers": [sentence], "context": context, "doc_offsets": offsets, "gold_documents": [1]}
+    row = {
+        "id": "t",
+        "question": "Who wrote the first computer program?",
+        "answers": [sentence],
+        "context": context,
+        "doc_offsets": offsets,
+        "gold_documents": [1],
+    }
     cfg = {"c_sub": 64, "page_tokens": 32, "recall_weight": 0.5, "evidence_budget_tokens": 10, "budget_weight": 1.0}
     env = _factory(tok, **cfg)()
     assert env.get_reward() == 0.0  # before reset: no crash
@@ -226,7 +256,10 @@ def test_reward_terms(tok):
 
 def test_bad_input_gives_counted_errors(samples, factory):
     env = factory()
-    run = lambda i, h: asyncio.run(env.broadcast(i, h))
+
+    def run(interpretation, hints):
+        return asyncio.run(env.broadcast(interpretation, hints))
+
     assert run("x", {}).startswith("Error: the environment has no document")
     env.reset(**samples[0])
     assert run(5, {}).startswith("Error: interpretation must be a string")
@@ -240,13 +273,32 @@ def test_bad_input_gives_counted_errors(samples, factory):
     assert run("x", {"s0": "a", "0": "b"}).startswith("Error: two hints for s0")
     assert run("x", {"s0": "y" * 501}).startswith("Error: the hint for s0 has 501 characters")
     assert env.info["tool_errors"] == 10 and env.info["broadcasts"] == 0  # reset() started a fresh count
-    assert not run("Scott Derrickson", {"S1": "Ed Wood", "sub-agent 5": ""}).startswith("Error")  # lenient ids; empty hint = none
+    assert not run("Scott Derrickson", {"S1": "Ed Wood", "sub-agent 5": ""}).startswith(
+        "Error"
+    )  # lenient ids; empty hint = none
     assert env.info["hinted"] == 1 and env.info["broadcasts"] == 1
 
 
 def test_fuzzed_broadcasts_never_crash(samples, factory, tok):
     rng = random.Random(0)
-    atoms = [None, 0, 1.5, True, "", " ", "s0", "s3", "s999", "Scott Derrickson", "<tool_call>", "x" * 600, [], ["s1"], {}, {"a": 1}]
+    atoms = [
+        None,
+        0,
+        1.5,
+        True,
+        "",
+        " ",
+        "s0",
+        "s3",
+        "s999",
+        "Scott Derrickson",
+        "<tool_call>",
+        "x" * 600,
+        [],
+        ["s1"],
+        {},
+        {"a": 1},
+    ]
 
     def value(depth=0):
         r = rng.random()
@@ -254,7 +306,9 @@ def test_fuzzed_broadcasts_never_crash(samples, factory, tok):
             return rng.choice(atoms)
         if r < 0.75:
             return [value(depth + 1) for _ in range(rng.randint(0, 3))]
-        return {str(rng.choice(atoms + ["s1", "s2", "7", "S4"]))[:30]: value(depth + 1) for _ in range(rng.randint(0, 4))}
+        return {
+            str(rng.choice(atoms + ["s1", "s2", "7", "S4"]))[:30]: value(depth + 1) for _ in range(rng.randint(0, 4))
+        }
 
     env = factory()
     outcomes = {"error": 0, "ok": 0}
@@ -268,7 +322,11 @@ def test_fuzzed_broadcasts_never_crash(samples, factory, tok):
     # Malformed tool calls through the TRL-style loop: TRL's own error results, never an exception.
     se = stepper(factory(), tok)
     se.reset(**samples[0])
-    for text in ['<tool_call>{"name": "broadcast", "arguments": {"interpretation": "x"}}</tool_call>', "<tool_call>{not json</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>']:
+    for text in [
+        '<tool_call>{"name": "broadcast", "arguments": {"interpretation": "x"}}</tool_call>',
+        "<tool_call>{not json</tool_call>",
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+    ]:
         step = se.step(text)
         if step.terminated or step.truncated:
             se.reset(**samples[0])
@@ -303,12 +361,17 @@ def test_all_regions_run_concurrently_and_answer_once(samples, tok):
         ids = text.split("sub-agents ", 1)[1].split(")", 1)[0].split(", ")
         if "s6" in ids:
             return "I will not call the tool."  # one region's policy misbehaves: it loses only its evidence
-        return call("Nationalities of Scott Derrickson and Ed Wood", {i: GOOD_HINTS.get(i, "Scott Derrickson Ed Wood American") for i in ids})
+        return call(
+            "Nationalities of Scott Derrickson and Ed Wood",
+            {i: GOOD_HINTS.get(i, "Scott Derrickson Ed Wood American") for i in ids},
+        )
 
     result = asyncio.run(run_all_regions(f, policy, row))
     assert len(seen) == 3 and all(m.startswith("Question: ") for m in seen)
     assert [r["subagents"] for r in result.regions] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    assert result.regions[2]["error"] == "no broadcast tool call in the policy reply" and result.regions[2]["pages"] == []
+    assert (
+        result.regions[2]["error"] == "no broadcast tool call in the policy reply" and result.regions[2]["pages"] == []
+    )
     idx = f.index_cache._memory[next(iter(f.index_cache._memory))]
     for r in result.regions:
         assert all(idx.pages[p].subagent in r["subagents"] for p in r["pages"])
@@ -345,7 +408,9 @@ def _vllm_python():
 def selector_server(tmp_path_factory):
     python = _vllm_python()
     if python is None:
-        pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
+        pytest.skip(
+            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
+        )
     from coordrl.readers.serve import start_reader_servers
     from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
@@ -364,7 +429,14 @@ def selector_server(tmp_path_factory):
 def test_selector_role_on_the_real_vllm_cpu_server(selector_server, samples, tok):
     url, model_dir = selector_server
     # Short page excerpts keep every selector prompt inside the tiny server's 2,048-token context.
-    f = _factory(tok, selector=url, selector_model=model_dir, selector_api_key_env=None, selector_max_tokens=16, selector_page_chars=250)
+    f = _factory(
+        tok,
+        selector=url,
+        selector_model=model_dir,
+        selector_api_key_env=None,
+        selector_max_tokens=16,
+        selector_page_chars=250,
+    )
     env = f()
     env.reset(**samples[0])
     obs = asyncio.run(env.broadcast("Nationalities of Scott Derrickson and Ed Wood", GOOD_HINTS))

@@ -35,8 +35,14 @@ HMARS_COLUMNS = {"recall", "pages_selected", "answer_prompt_tokens", "model_call
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hmars-train") / "run"
-    c = load_config(ROOT / "configs" / "hmars_tiny_cpu.yaml", {"output_dir": str(out), "max_steps": "1", "save_steps": "1", "sample_num_paragraphs": "30"})
-    call = {"name": "broadcast", "arguments": {"interpretation": "Find the nationality of both people.", "hints": {"s0": "nationality"}}}
+    c = load_config(
+        ROOT / "configs" / "hmars_tiny_cpu.yaml",
+        {"output_dir": str(out), "max_steps": "1", "save_steps": "1", "sample_num_paragraphs": "30"},
+    )
+    call = {
+        "name": "broadcast",
+        "arguments": {"interpretation": "Find the nationality of both people.", "hints": {"s0": "nationality"}},
+    }
     build_trainer(c, trainer_cls=scripted_trainer_class(CoordGRPOTrainer, rounds=1, call=call)).train()
     ckpt = out / "checkpoint-1"
     assert (ckpt / COMPLETE_MARKER).exists()
@@ -67,7 +73,13 @@ class ScriptedBroadcast:
 
     def act(self, env) -> str:
         memory = env.messages[1]["content"]
-        subs = sorted({w.strip(",.:;()[]") for w in memory.split() if w.strip(",.:;()[]")[:1] == "s" and w.strip(",.:;()[]")[1:].isdigit()})
+        subs = sorted(
+            {
+                w.strip(",.:;()[]")
+                for w in memory.split()
+                if w.strip(",.:;()[]")[:1] == "s" and w.strip(",.:;()[]")[1:].isdigit()
+            }
+        )
         question = memory.split("\n", 1)[0].removeprefix("Question: ")
         call = {"name": "broadcast", "arguments": {"interpretation": question, "hints": {s: question for s in subs}}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
@@ -79,18 +91,38 @@ def test_eval_reports_hmars_evidence_metrics(checkpoint, sweep, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"] == "hmars" and results["env"]["c_sub"] == 2048 and results["settings"]["max_turns"] == 1
     for s in results["subsets"]:
-        assert HMARS_COLUMNS <= set(s["metrics"]) and s["metrics"]["samples"] == 1 and s["metrics"]["failed"] == 0
+        assert set(s["metrics"]) >= HMARS_COLUMNS and s["metrics"]["samples"] == 1 and s["metrics"]["failed"] == 0
         assert s["metrics"]["model_calls"] >= 1 and s["metrics"]["regions"] == 1  # answer model at least; one mid-agent
-    assert HMARS_COLUMNS <= set(results["overall"]) and "reader_calls" in results["overall"]
+    assert set(results["overall"]) >= HMARS_COLUMNS and "reader_calls" in results["overall"]
     trace = json.loads((out / "traces" / "length-00020.jsonl").read_text().splitlines()[0])
-    assert trace["status"] == "ok" and trace["messages"][0]["role"] == "system" and trace["messages"][1]["content"].startswith("Question: ")
+    assert (
+        trace["status"] == "ok"
+        and trace["messages"][0]["role"] == "system"
+        and trace["messages"][1]["content"].startswith("Question: ")
+    )
     assert "Regional memory" in trace["messages"][1]["content"] or len(trace["messages"][1]["content"]) > 200
     assert {"regions", "evidence", "scores", "lead_prompt_tokens"} <= set(trace) and trace["info"]["answer_calls"] == 1
     md = (out / "results.md").read_text()
     assert "evidence recall" in md and "pages selected" in md and "answer prompt tokens" in md and "model calls" in md
     assert "queries/turn" not in md  # PARSER's reader columns stay PARSER's
     # Region settings from the checkpoint, overridable; the rerun with other settings is refused.
-    assert main(["eval", "--policy", str(checkpoint), "--data", str(sweep), "--out", str(out), *EVAL_FLAGS, "--hmars", "c_sub=1024"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                str(checkpoint),
+                "--data",
+                str(sweep),
+                "--out",
+                str(out),
+                *EVAL_FLAGS,
+                "--hmars",
+                "c_sub=1024",
+            ]
+        )
+        == 2
+    )
 
 
 def test_export_records_the_hmars_protocol(export_dir, checkpoint):
@@ -102,7 +134,11 @@ def test_export_records_the_hmars_protocol(export_dir, checkpoint):
     card = (export_dir / "README.md").read_text()
     assert "HMARS mid-agent" in card and "broadcast(interpretation" in card
     source = resolve_policy(export_dir)
-    assert source.kind == "export" and source.protocol == "hmars" and source.prompt("Q?")[0]["content"] == meta["system_prompt"]
+    assert (
+        source.kind == "export"
+        and source.protocol == "hmars"
+        and source.prompt("Q?")[0]["content"] == meta["system_prompt"]
+    )
     assert json.loads((checkpoint / CHECKPOINT_META).read_text())["system_prompt"] == meta["system_prompt"]
 
 
@@ -118,7 +154,9 @@ def test_coordinator_runs_every_region_with_the_policy(export_dir, checkpoint, r
     assert a.info["regions"] > 1 and len(a.trace) == a.info["regions"]
     assert all(t["messages"][0]["role"] == "system" and t["messages"][2]["role"] == "assistant" for t in a.trace)
     assert a.info["answer_calls"] == 1 and "em" not in a.info and a.info["document_tokens"] > 4000
-    assert a.trace == b.trace and a.answer == b.answer  # greedy from the same ids: the export behaves like the checkpoint
+    assert (
+        a.trace == b.trace and a.answer == b.answer
+    )  # greedy from the same ids: the export behaves like the checkpoint
 
 
 def test_coordinator_merges_evidence_of_all_regions(export_dir, row):
@@ -137,8 +175,12 @@ def test_coordinator_merges_evidence_of_all_regions(export_dir, row):
     pages = [e["page"] for e in result.evidence]
     assert pages == sorted(pages) and pages == sorted({p for t in result.trace for p in t["pages"]})
     assert pages and result.answer and all(e["page"] in result.trace[e["region"]]["pages"] for e in result.evidence)
-    assert result.info["selector_calls"] == result.info["subagents"] > result.info["participants"] / k  # every region fanned out
-    assert result.info["pages_selected"] == len(pages) and result.info["model_calls"] == result.info["selector_calls"] + 1
+    assert (
+        result.info["selector_calls"] == result.info["subagents"] > result.info["participants"] / k
+    )  # every region fanned out
+    assert (
+        result.info["pages_selected"] == len(pages) and result.info["model_calls"] == result.info["selector_calls"] + 1
+    )
 
 
 def test_region_prompts_are_the_training_prompts(export_dir, row):
@@ -152,7 +194,12 @@ def test_region_prompts_are_the_training_prompts(export_dir, row):
     f = HmarsEnvFactory(cfg)
     codec = ChatCodec(f.tokenizer)
     train = StepEnv(f(), codec, max_turns=1, prompt_fn=lambda r: hmars_prompt(r["question"]))
-    region = StepEnv(_RegionMidAgent(cfg, f.backends, f.tokenizer, f.index_cache, 0), codec, max_turns=1, prompt_fn=lambda r: hmars_prompt(r["question"]))
+    region = StepEnv(
+        _RegionMidAgent(cfg, f.backends, f.tokenizer, f.index_cache, 0),
+        codec,
+        max_turns=1,
+        prompt_fn=lambda r: hmars_prompt(r["question"]),
+    )
     train.reset(**row)
     region.reset(**row)
     assert region.prompt_ids == train.prompt_ids  # same tool schema, same memory: the tokens training saw
@@ -161,9 +208,22 @@ def test_region_prompts_are_the_training_prompts(export_dir, row):
 def test_answer_cli_takes_hmars_overrides(export_dir, row, tmp_path, capsys):
     doc = tmp_path / "doc.txt"
     doc.write_text(row["context"], encoding="utf-8")
-    args = ["answer", "--policy", str(export_dir), "--document", str(doc), "--question", row["question"], "--max-new-tokens", "8"]
+    args = [
+        "answer",
+        "--policy",
+        str(export_dir),
+        "--document",
+        str(doc),
+        "--question",
+        row["question"],
+        "--max-new-tokens",
+        "8",
+    ]
     capsys.readouterr()
-    assert main([*args, "--hmars", "group_size=2", "--json"]) in (0, 1)  # 1: the random policy's regions may find nothing
+    assert main([*args, "--hmars", "group_size=2", "--json"]) in (
+        0,
+        1,
+    )  # 1: the random policy's regions may find nothing
     out = json.loads(capsys.readouterr().out)
     assert out["info"]["regions"] > 1 and {"answer", "trace", "evidence", "info"} <= set(out)
     assert main([*args, "--hmars", "no_such_setting=1"]) == 2
@@ -209,7 +269,9 @@ def _assert_hmars_roles_saw_their_inputs(server, tokenizer, row) -> None:
     for text in selectors:
         assert text.startswith(f"Question: {question}\n\nMid-agent interpretation: INTERP-MARK\n\n")
         got_hints.update(re.findall(r"Hint for you: (HINT-s\d+)", text))
-        pages = re.findall(r"\[page (\d+)\]\n(.*?)(?=\n\n\[page \d+\]\n|\Z)", text.split("Your pages:\n\n", 1)[1], re.DOTALL)
+        pages = re.findall(
+            r"\[page (\d+)\]\n(.*?)(?=\n\n\[page \d+\]\n|\Z)", text.split("Your pages:\n\n", 1)[1], re.DOTALL
+        )
         assert pages and all(len(body) > 100 and body.removesuffix(" [...]") in context for _, body in pages)
         first_pages.append(pages[0][1].removesuffix(" [...]"))
     assert got_hints == sent_hints and len(got_hints) == len(selectors)  # each sub-agent got its own hint
@@ -221,7 +283,14 @@ def _assert_hmars_roles_saw_their_inputs(server, tokenizer, row) -> None:
 def _role_flags(url: str) -> list[str]:
     flags = []
     for role in ("selector", "answerer"):
-        flags += ["--hmars", f"{role}={url}", "--hmars", f"{role}_model=recorded", "--hmars", f"{role}_api_key_env=null"]
+        flags += [
+            "--hmars",
+            f"{role}={url}",
+            "--hmars",
+            f"{role}_model=recorded",
+            "--hmars",
+            f"{role}_api_key_env=null",
+        ]
     return flags
 
 
@@ -233,8 +302,20 @@ def test_roles_receive_interpretation_hints_pages_and_evidence_answer_cli(export
     doc = tmp_path / "doc.txt"
     doc.write_text(row["context"], encoding="utf-8")
     with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
-        args = ["answer", "--policy", str(export_dir), "--policy-url", server.url, "--document", str(doc), "--question", row["question"]]
-        assert main([*args, "--hmars", "group_size=2", *_role_flags(server.url), "--json"]) == 0, capsys.readouterr().err
+        args = [
+            "answer",
+            "--policy",
+            str(export_dir),
+            "--policy-url",
+            server.url,
+            "--document",
+            str(doc),
+            "--question",
+            row["question"],
+        ]
+        assert main([*args, "--hmars", "group_size=2", *_role_flags(server.url), "--json"]) == 0, (
+            capsys.readouterr().err
+        )
         _assert_hmars_roles_saw_their_inputs(server, tokenizer, row)
     out = json.loads(capsys.readouterr().out)
     assert out["answer"] == "recorded" and out["info"]["regions"] > 1
@@ -247,7 +328,17 @@ def test_roles_receive_interpretation_hints_pages_and_evidence_eval_cli(export_d
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
         out = tmp_path / "eval"
-        args = ["eval", "--policy", str(export_dir), "--policy-url", server.url, "--data", str(sweep / "length-00040"), "--out", str(out)]
+        args = [
+            "eval",
+            "--policy",
+            str(export_dir),
+            "--policy-url",
+            server.url,
+            "--data",
+            str(sweep / "length-00040"),
+            "--out",
+            str(out),
+        ]
         assert main([*args, *EVAL_FLAGS, *_role_flags(server.url)]) == 0
         _assert_hmars_roles_saw_their_inputs(server, tokenizer, row)
     metrics = json.loads((out / "results.json").read_text())["overall"]
@@ -256,7 +347,9 @@ def test_roles_receive_interpretation_hints_pages_and_evidence_eval_cli(export_d
     assert "selector errors" in (out / "results.md").read_text()
 
 
-@pytest.mark.parametrize(("selector_fault", "answerer_fault"), [("garbage", "not_json"), ("empty", "http500"), ("not_json", "garbage")])
+@pytest.mark.parametrize(
+    ("selector_fault", "answerer_fault"), [("garbage", "not_json"), ("empty", "http500"), ("not_json", "garbage")]
+)
 def test_failing_roles_are_counted_per_role(export_dir, row, tmp_path, capsys, selector_fault, answerer_fault):
     from recording_server import RecordingServer
     from transformers import AutoTokenizer
@@ -266,13 +359,29 @@ def test_failing_roles_are_counted_per_role(export_dir, row, tmp_path, capsys, s
     doc.write_text(row["context"], encoding="utf-8")
     with RecordingServer(policy_responder=_scripted_mid_agent(tokenizer)) as server:
         server.faults = {"selector": selector_fault, "answerer": answerer_fault}
-        args = ["answer", "--policy", str(export_dir), "--policy-url", server.url, "--document", str(doc), "--question", row["question"]]
-        code = main([*args, "--hmars", "group_size=2", "--hmars", "backend_retries=0", *_role_flags(server.url), "--json"])
-        assert server.bodies("selector") and server.bodies("answerer")  # the prompts were real even though the replies were not
+        args = [
+            "answer",
+            "--policy",
+            str(export_dir),
+            "--policy-url",
+            server.url,
+            "--document",
+            str(doc),
+            "--question",
+            row["question"],
+        ]
+        code = main(
+            [*args, "--hmars", "group_size=2", "--hmars", "backend_retries=0", *_role_flags(server.url), "--json"]
+        )
+        assert server.bodies("selector") and server.bodies(
+            "answerer"
+        )  # the prompts were real even though the replies were not
     out = json.loads(capsys.readouterr().out)
     info = out["info"]
     calls = info["selector_calls"]
-    unparsed = selector_fault == "garbage"  # a 200 reply without the JSON object: parsed, failed, pages chosen lexically
+    unparsed = (
+        selector_fault == "garbage"
+    )  # a 200 reply without the JSON object: parsed, failed, pages chosen lexically
     assert (info["selector_errors"], info["selector_parse_failures"]) == ((0, calls) if unparsed else (calls, 0))
     answered = answerer_fault == "garbage"
     assert (info["answerer_errors"], info["answerer_parse_failures"]) == ((0, 1) if answered else (1, 0))

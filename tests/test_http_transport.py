@@ -105,10 +105,13 @@ def test_idle_connection_closed_by_server_is_replaced():
 
 def test_errors_map_to_httpx_exceptions():
     async def go():
-        async with RawServer([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"], close_after_reply=True) as srv:
-            async with httpx.AsyncClient(transport=LeanAsyncTransport()) as client:
-                with pytest.raises(httpx.RemoteProtocolError):
-                    await _post(client, srv.url, {})
+        short = [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"]
+        async with (
+            RawServer(short, close_after_reply=True) as srv,
+            httpx.AsyncClient(transport=LeanAsyncTransport()) as client,
+        ):
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _post(client, srv.url, {})
         async with RawServer([b"garbage\r\n\r\n"]) as srv, httpx.AsyncClient(transport=LeanAsyncTransport()) as client:
             with pytest.raises(httpx.RemoteProtocolError):
                 await _post(client, srv.url, {})

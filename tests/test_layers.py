@@ -57,7 +57,10 @@ def test_every_import_points_down():
         if unit in TOP:
             continue
         assert unit in ALLOWED, f"{path.relative_to(PACKAGE)}: unit {unit!r} has no place in the layer table"
-        wrong += [f"{path.relative_to(PACKAGE)} imports coordrl.{v}" for v in sorted(_imports(path) - ALLOWED[unit] - {unit} - {"__version__"})]
+        wrong += [
+            f"{path.relative_to(PACKAGE)} imports coordrl.{v}"
+            for v in sorted(_imports(path) - ALLOWED[unit] - {unit} - {"__version__"})
+        ]
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
 
 

@@ -25,7 +25,9 @@ SECRET = "sk-test-SECRET-value-0123456789"
 
 
 def _req(i: int = 0, key: str | None = None) -> ReaderRequest:
-    return ReaderRequest(query=f"question {i}?", chunk_text=f"Document 1:\nT\nchunk text {i}.", chunk_key=key or f"c{i}")
+    return ReaderRequest(
+        query=f"question {i}?", chunk_text=f"Document 1:\nT\nchunk text {i}.", chunk_key=key or f"c{i}"
+    )
 
 
 def _free_port() -> int:
@@ -127,7 +129,8 @@ def test_routing_is_stable_across_instances_and_processes():
     assert [a.route(k) for k in keys] == [b.route(k) for k in keys]
     # Pinned values: sha1-based, so they can never drift with PYTHONHASHSEED or the Python version.
     assert [replica_index(k, 4) for k in ("a", "b", "doc7/chunk0")] == [
-        int.from_bytes(__import__("hashlib").sha1(k.encode()).digest()[:8], "big") % 4 for k in ("a", "b", "doc7/chunk0")
+        int.from_bytes(__import__("hashlib").sha1(k.encode()).digest()[:8], "big") % 4
+        for k in ("a", "b", "doc7/chunk0")
     ]
     assert len({a.route(k) for k in keys}) == 4  # every replica gets work
 
@@ -234,13 +237,15 @@ def test_fake_server_answers_pipelined_requests_in_order():
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"Question: {question}"}]}).encode()
         return b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
-    with FaultInjectingFakeServer(latency_s=0.05) as server:
-        with socket.create_connection((server.host, server.port), timeout=5) as sock:
-            sock.sendall(chat("first") + chat("second"))
-            data = b""
-            while data.count(b"Answer: ") < 2:
-                chunk = sock.recv(65536)
-                assert chunk, "server closed the connection"
-                data += chunk
+    with (
+        FaultInjectingFakeServer(latency_s=0.05) as server,
+        socket.create_connection((server.host, server.port), timeout=5) as sock,
+    ):
+        sock.sendall(chat("first") + chat("second"))
+        data = b""
+        while data.count(b"Answer: ") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, "server closed the connection"
+            data += chunk
     assert data.index(b"Answer: first") < data.index(b"Answer: second")
     assert server.chat_requests == 2 and server.in_flight == 0

@@ -46,7 +46,9 @@ def test_two_round_episode_finds_gold_and_scores_exact_match(samples, tok):
     row = samples[0]  # "Were Scott Derrickson and Ed Wood of the same nationality?" -> yes
     env = make_env(tok)
     env.reset(**row)
-    obs, reward, term, trunc, info = env.step(call("What is the nationality of Scott Derrickson?", "What nationality was Ed Wood?"))
+    obs, reward, term, trunc, info = env.step(
+        call("What is the nationality of Scott Derrickson?", "What nationality was Ed Wood?")
+    )
     assert (reward, term, trunc) == (0.0, False, False)
     assert 'Query 1: "What is the nationality of Scott Derrickson?"' in obs
     assert "- chunk " in obs and "American" in obs
@@ -113,7 +115,12 @@ def test_bad_rows_name_the_field(tok):
 
 def test_precomputed_chunks_and_tool_errors_are_counted(tok):
     env = ParserEnvFactory(ParserEnvConfig(max_queries=2, max_query_chars=40), tokenizer=tok)()
-    env.reset(question="Who?", chunks=["Document 1:\nAda\nAda Lovelace wrote the first program."], chunk_documents=[[1]], gold_documents=[1])
+    env.reset(
+        question="Who?",
+        chunks=["Document 1:\nAda\nAda Lovelace wrote the first program."],
+        chunk_documents=[[1]],
+        gold_documents=[1],
+    )
     run = lambda q: asyncio.run(env.query_agents(q))  # noqa: E731
     assert run("Ada").startswith("Error: queries must be a list")
     assert run([]).startswith("Error: queries is empty")

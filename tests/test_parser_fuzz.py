@@ -15,16 +15,49 @@ from coordrl.envs.chat import ChatCodec
 from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
 from coordrl.envs.step import StepEnv
 
-SPECIAL = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<answer>", "</answer>", "<|endoftext|>"]
-DOC = "\n\n".join(f"Document {i}:\nTitle {i}\nTitle {i} was founded in {1900 + i} by Person {i} in City {i % 5}." for i in range(1, 40))
+SPECIAL = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "<|endoftext|>",
+]
+DOC = "\n\n".join(
+    f"Document {i}:\nTitle {i}\nTitle {i} was founded in {1900 + i} by Person {i} in City {i % 5}."
+    for i in range(1, 40)
+)
 
 
 def rand_scalar(rng):
-    return rng.choice([
-        None, True, False, rng.randint(-10**12, 10**12), rng.random() * 1e6, float("nan") if rng.random() < 0.1 else 0.5,
-        "", " ", rng.choice(SPECIAL), "x" * rng.randint(0, 3000), "".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 20)) if not 0xD800 <= rng.randint(0, 0x10FFFF) <= 0xDFFF),
-        "Who founded Title 3?", "\x00\x01\n\t", "{\"queries\": []}", "Title 7",
-    ])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            rng.randint(-(10**12), 10**12),
+            rng.random() * 1e6,
+            float("nan") if rng.random() < 0.1 else 0.5,
+            "",
+            " ",
+            rng.choice(SPECIAL),
+            "x" * rng.randint(0, 3000),
+            "".join(
+                chr(rng.randint(0, 0x10FFFF))
+                for _ in range(rng.randint(1, 20))
+                if not 0xD800 <= rng.randint(0, 0x10FFFF) <= 0xDFFF
+            ),
+            "Who founded Title 3?",
+            "\x00\x01\n\t",
+            '{"queries": []}',
+            "Title 7",
+        ]
+    )
 
 
 def rand_value(rng, depth=0):
@@ -53,7 +86,9 @@ def payload(rng) -> str:
         args = {"query": "wrong name", "extra": 1}
     else:
         args = {"queries": [safe_text(str(rand_scalar(rng)))]}
-    name = rng.choice(["query_agents"] * 6 + ["reset", "get_reward", "_validate", "info", "", "nope", "query_agents ", None, 5])
+    name = rng.choice(
+        ["query_agents"] * 6 + ["reset", "get_reward", "_validate", "info", "", "nope", "query_agents ", None, 5]
+    )
     body = {"name": name, "arguments": args}
     if rng.random() < 0.1:
         body = rand_value(rng)
@@ -82,7 +117,13 @@ def test_step_api_survives_1000_random_and_adversarial_payloads():
     factory = ParserEnvFactory(ParserEnvConfig(max_turns=9, observation_max_tokens=256), tokenizer=tok)
     env = StepEnv(factory(), ChatCodec(tok), max_turns=9)
     rng = random.Random(1234)
-    row = {"id": "fuzz", "question": "Who founded Title 3?", "context": DOC, "answers": ["Person 3"], "gold_documents": [3]}
+    row = {
+        "id": "fuzz",
+        "question": "Who founded Title 3?",
+        "context": DOC,
+        "answers": ["Person 3"],
+        "gold_documents": [3],
+    }
     steps = episodes = 0
     env.reset(**row)
     for _ in range(1200):
@@ -207,7 +248,7 @@ def test_query_agents_survives_hostile_families():
             queries = hostile_queries(rng)
             try:
                 observations.append(await env.query_agents(queries))
-            except Exception as exc:  # noqa: BLE001 - recorded: the assertion below reports them
+            except Exception as exc:
                 escaped.append(f"{type(exc).__name__}: {exc}"[:200])
 
     asyncio.run(run_all())
@@ -247,11 +288,23 @@ def test_broadcast_survives_hostile_families():
         elif slot == 2:
             hints = {"s0": hostile_value(rng)}
         else:
-            key = rng.choice([BrokenStr(), BrokenStrSubclass("s0"), HUGE_INT, -HUGE_INT, float("nan"), 0, True, with_surrogate(rng, "s0"), (1, 2)])
+            key = rng.choice(
+                [
+                    BrokenStr(),
+                    BrokenStrSubclass("s0"),
+                    HUGE_INT,
+                    -HUGE_INT,
+                    float("nan"),
+                    0,
+                    True,
+                    with_surrogate(rng, "s0"),
+                    (1, 2),
+                ]
+            )
             hints = {key: "founder"}
         try:
             obs = asyncio.run(one(env, interpretation, hints))
-        except Exception as exc:  # noqa: BLE001 - recorded: the assertion below reports them
+        except Exception as exc:
             escaped.append(f"{type(exc).__name__}: {exc}"[:200])
             continue
         observations.append(obs)
@@ -269,7 +322,15 @@ def hostile_turn(rng) -> str:
         escape = f"\\ud{rng.randint(0x800, 0xFFF):03x}"
         return f'<tool_call>\n{{"name": "query_agents", "arguments": {{"queries": ["Who founded {escape} Title 3?"]}}}}\n</tool_call>'
     if family == 1:  # a raw lone surrogate in the text itself
-        return with_surrogate(rng, rng.choice(["<answer>Person 3</answer>", '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Who founded Title 3?"]}}\n</tool_call>']))
+        return with_surrogate(
+            rng,
+            rng.choice(
+                [
+                    "<answer>Person 3</answer>",
+                    '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Who founded Title 3?"]}}\n</tool_call>',
+                ]
+            ),
+        )
     if family == 2:  # deep nesting inside a tool call (or in plain text, which is harmless)
         depth = rng.choice([31, 33, 200, 999, 1200, 5000])
         nest = "[" * depth + '"q"' + "]" * depth if rng.random() < 0.5 else '{"a":' * depth + "1" + "}" * depth
@@ -278,7 +339,9 @@ def hostile_turn(rng) -> str:
             inner = inner[: rng.randint(1, len(inner))]  # truncated
         return f"<tool_call>\n{inner}\n</tool_call>" if rng.random() < 0.9 else nest
     if family == 3:  # huge and non-finite numbers
-        number = rng.choice(["9" * 5000, "1e999", "-1e999", "NaN", "Infinity", "-0", "18446744073709551616", "1" + "0" * 400])
+        number = rng.choice(
+            ["9" * 5000, "1e999", "-1e999", "NaN", "Infinity", "-0", "18446744073709551616", "1" + "0" * 400]
+        )
         arguments = rng.choice([f'{{"queries": [{number}]}}', f'{{"queries": {number}}}', f'{{"{number}": 1}}', number])
         return f'<tool_call>\n{{"name": "query_agents", "arguments": {arguments}}}\n</tool_call>'
     # a tool name or argument key that UTF-8 cannot encode
@@ -325,7 +388,7 @@ def run_step_fuzz(env: StepEnv, row: dict, turns, seed: int, n: int) -> tuple[li
         before = {**{k: env.info[k] for k in COUNTERS}, "completion": list(env.completion)}
         try:
             step = env.step(turn)
-        except Exception as exc:  # noqa: BLE001 - recorded: the caller's assertion reports them
+        except Exception as exc:
             escaped.append(f"{type(exc).__name__}: {exc}"[:200])
             env.done = True
             continue
@@ -338,10 +401,18 @@ def test_step_api_survives_hostile_families():
     tok = load_tokenizer(None)
     factory = ParserEnvFactory(ParserEnvConfig(max_turns=9, observation_max_tokens=256), tokenizer=tok)
     env = StepEnv(factory(), ChatCodec(tok), max_turns=9)
-    row = {"id": "fuzz", "question": "Who founded Title 3?", "context": DOC, "answers": ["Person 3"], "gold_documents": [3]}
+    row = {
+        "id": "fuzz",
+        "question": "Who founded Title 3?",
+        "context": DOC,
+        "answers": ["Person 3"],
+        "gold_documents": [3],
+    }
     escaped, totals = run_step_fuzz(env, row, hostile_turn, seed=5, n=1200)
     assert not escaped, f"{len(escaped)} of 1200 payloads escaped, e.g. {escaped[:3]}"
-    assert totals["unencodable"] > 50 and totals["malformed_tool_calls"] > 100 and totals["invalid_text_turns"] > 50, totals
+    assert totals["unencodable"] > 50 and totals["malformed_tool_calls"] > 100 and totals["invalid_text_turns"] > 50, (
+        totals
+    )
     assert totals["tool_failures"] > 50, totals  # unknown (unencodable) tool names and argument keys
 
 
@@ -360,7 +431,9 @@ def test_step_api_drives_broadcast_through_hostile_families():
             return text.replace('{"queries": ', '{"hints": {}, "interpretation": ')
         if slot == 1:
             return text.replace('{"queries": ', '{"interpretation": "Title 3", "hints": ')
-        return text.replace('{"queries": ', '{"interpretation": "Title 3", "hints": {"s0": ').replace("}}\n</tool_call>", "}}}\n</tool_call>")
+        return text.replace('{"queries": ', '{"interpretation": "Title 3", "hints": {"s0": ').replace(
+            "}}\n</tool_call>", "}}}\n</tool_call>"
+        )
 
     row = {"id": "fuzz", "question": "Who founded Title 3?", "context": DOC, "answers": ["Person 3"]}
     escaped, totals = run_step_fuzz(env, row, turns, seed=3, n=300)
@@ -389,7 +462,9 @@ def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
     factory = ParserEnvFactory(ParserEnvConfig(), tokenizer=tok)
     env = StepEnv(factory(), ChatCodec(tok), max_turns=3)
     env.reset(id="s1", question="Who founded Title 3?", context=DOC, answers=["Person 3"])
-    step = env.step('<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Title \\ud800 3"]}}\n</tool_call>')
+    step = env.step(
+        '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Title \\ud800 3"]}}\n</tool_call>'
+    )
     assert step.observation.startswith("Error: query 1 holds a character that is not valid Unicode")
     env.step("<answer>Person 3</answer>")
     factory.close()
@@ -412,7 +487,7 @@ def test_selector_replies_with_hostile_numbers_and_nesting_parse_or_fall_back():
         '{"pages": [{"id": 3, "confidence": ' + "9" * 400 + "}]}",  # an int too large for a float
         '{"pages": [{"id": 3, "confidence": 1e999}, {"id": 4, "confidence": NaN}, {"id": 5, "confidence": 0.5}]}',
         '{"pages": [{"id": ' + "9" * 4000 + '}, {"id": "p4"}, {"id": [3]}, {"id": {"a": 3}}, {"id": true}]}',
-        '{"pages": [' + "[" * 900 + "3" + "]" * 900 + ', 5]}',  # deep, but within the decoder's reach
+        '{"pages": [' + "[" * 900 + "3" + "]" * 900 + ", 5]}",  # deep, but within the decoder's reach
         '{"pages": [' + "[" * 5000 + "3" + "]" * 5000 + "]}",  # RecursionError in the decoder
         '{"pages": [{"id": "' + "9" * 5000 + '"}, {"id": 4.0}, {"id": -3}]}',
     ]
@@ -430,5 +505,7 @@ def test_tool_call_depth_scan_is_linear_and_sees_every_call():
 
     # Thousands of unclosed openers and brackets: one scan, not one per opener.
     assert not tool_call_too_deep("<tool_call>[]" * 20_000)
-    assert tool_call_too_deep('<tool_call>{"a": 1}</tool_call>\n<tool_call>' + "[" * 40 + "]" * 40 + "</tool_call>")  # the second call
+    assert tool_call_too_deep(
+        '<tool_call>{"a": 1}</tool_call>\n<tool_call>' + "[" * 40 + "]" * 40 + "</tool_call>"
+    )  # the second call
     assert not tool_call_too_deep("<tool_call>[[[]]]</tool_call>" + "[" * 40)  # after the last call nothing is parsed

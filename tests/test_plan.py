@@ -153,7 +153,7 @@ def test_local_tiny_model_is_read_from_config_json(tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        exact = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        exact = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (safe_open has keys(), no __iter__)
     assert shape.params == exact  # parameters counted from the safetensors headers
     # model_params is ignored when the folder is local
     plan = plan_of(write_config(tmp_path, str(folder), model_params="9.0e+9"), gpus_per_node=2, gpu_memory_gb=24)
@@ -210,7 +210,10 @@ def test_launch_print_only_overrides_and_multinode():
                  NODE_RANK="1", MAIN_PROCESS_IP="10.0.0.1")  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "--gpus 0,1,2 " in res.stdout and "CUDA_VISIBLE_DEVICES=3,4,5,6,7 " in res.stdout
-    assert "--num_processes 10 --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 29500" in res.stdout
+    assert (
+        "--num_processes 10 --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 29500"
+        in res.stdout
+    )
     assert "--offload_optimizer_device cpu --offload_param_device cpu" in res.stdout
     res = launch("--print-only", str(CFG_4B), "--reader_gpus", "0", "--deepspeed_stage", "2")
     assert "serve-readers" not in res.stdout and "zero2.yaml" in res.stdout and "--num_processes 8 " in res.stdout

@@ -47,9 +47,7 @@ def read_only(tmp_path):
         check=False,
         capture_output=True,
     ).returncode:
-        pytest.skip(
-            "root without permission to mount a read-only tmpfs: nothing here is unwritable"
-        )
+        pytest.skip("root without permission to mount a read-only tmpfs: nothing here is unwritable")
     try:
         yield ro
     finally:
@@ -109,15 +107,11 @@ def test_lock_left_on_another_host_needs_break_lock(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / LOCK_NAME).write_text(
-        json.dumps(
-            {"pid": 1, "host": "elsewhere", "started": "x", "command": "coordrl train"}
-        )
+        json.dumps({"pid": 1, "host": "elsewhere", "started": "x", "command": "coordrl train"})
     )
     with pytest.raises(RunDirError, match="--break-lock"):
         RunLock(folder).acquire()
-    assert (
-        "elsewhere" in (folder / LOCK_NAME).read_text()
-    )  # the refused run did not wipe the record
+    assert "elsewhere" in (folder / LOCK_NAME).read_text()  # the refused run did not wipe the record
     with RunLock(folder, break_lock=True) as lock:
         assert lock.previous.host == "elsewhere"
 
@@ -164,22 +158,13 @@ def test_two_train_processes_into_one_folder(tmp_path):
     )
     try:
         deadline = time.time() + 120
-        while (
-            not (run / LOCK_NAME).exists() or not (run / LOCK_NAME).read_text().strip()
-        ):
-            assert first.poll() is None and time.time() < deadline, (
-                "the first run never took its lock"
-            )
+        while not (run / LOCK_NAME).exists() or not (run / LOCK_NAME).read_text().strip():
+            assert first.poll() is None and time.time() < deadline, "the first run never took its lock"
             time.sleep(0.1)
-        second = subprocess.run(
-            args, check=False, capture_output=True, text=True, timeout=120
-        )
+        second = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2, second.stderr[-2000:]
         err = second.stderr.strip().splitlines()[-1]
-        assert (
-            err.startswith("coordrl: error: output_dir")
-            and f"in use by pid {first.pid}" in err
-        )
+        assert err.startswith("coordrl: error: output_dir") and f"in use by pid {first.pid}" in err
         assert "Traceback" not in second.stderr
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -227,9 +212,7 @@ def test_train_config_mistakes_are_one_line_errors(tmp_path, capsys, overrides, 
 
 
 def test_plan_batch_check_runs_before_trl():
-    with pytest.raises(
-        ConfigError, match=r"generation_batch_size \(3 = per_device_train_batch_size 3"
-    ):
+    with pytest.raises(ConfigError, match=r"generation_batch_size \(3 = per_device_train_batch_size 3"):
         from coordrl.train.plan import check_batch
 
         check_batch(load_config(TINY, {"per_device_train_batch_size": "3"}))
@@ -270,9 +253,7 @@ def test_unwritable_outputs_are_one_line_errors(read_only, dataset, capsys):
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert (
-            err[-1].startswith("coordrl: error: ")
-            and str(read_only) in err[-1]
-            and "cannot be written" in err[-1]
+            err[-1].startswith("coordrl: error: ") and str(read_only) in err[-1] and "cannot be written" in err[-1]
         ), err
     with pytest.raises(RunDirError, match="cannot be written"):
         ensure_writable_dir(read_only / "x", "--out")
@@ -286,9 +267,7 @@ def test_plan_prints_the_worst_case_reader_round():
         load_config(TINY, {"readers": "http://127.0.0.1:9", "reader_model": "m"}),
         check=False,
     )
-    assert default.reader_round.worst_case_s == pytest.approx(
-        60 * 4 + 0.5 * 7
-    )  # 243.5 s
+    assert default.reader_round.worst_case_s == pytest.approx(60 * 4 + 0.5 * 7)  # 243.5 s
     short = make_plan(
         load_config(
             TINY,
@@ -303,9 +282,7 @@ def test_plan_prints_the_worst_case_reader_round():
     )
     assert short.reader_round.worst_case_s == pytest.approx(2 * 3 + 0.5 * 3)
     assert "2 x (2+1) + 0.5 x (2^2 - 1) = 7.5 s per round" in format_plan(short)
-    assert "no network timeouts" in format_plan(
-        make_plan(load_config(TINY), check=False)
-    )
+    assert "no network timeouts" in format_plan(make_plan(load_config(TINY), check=False))
 
 
 def test_hung_reader_costs_what_the_user_set(dataset, tmp_path, capsys):
@@ -364,10 +341,7 @@ def test_hung_reader_costs_what_the_user_set(dataset, tmp_path, capsys):
         eval_s = time.perf_counter() - t0
         capsys.readouterr()
         results = json.loads((out / "results.json").read_text())
-        assert (
-            results["env"]["reader_timeout_s"] == 0.5
-            and results["env"]["reader_retries"] == 0
-        )
+        assert results["env"]["reader_timeout_s"] == 0.5 and results["env"]["reader_retries"] == 0
         assert results["overall"]["reader_errors"] > 0
         document = tmp_path / "doc.txt"
         document.write_text("Paris is the capital of France. " * 50)

@@ -59,7 +59,11 @@ CALL = [{"type": "function", "function": {"name": "query_agents", "arguments": {
 
 
 def test_extract_answer_from_final_assistant_message():
-    conv = [_assistant("", CALL), {"role": "tool", "name": "query_agents", "content": "found"}, _assistant("<think>hm</think>So <answer> Paris </answer>")]
+    conv = [
+        _assistant("", CALL),
+        {"role": "tool", "name": "query_agents", "content": "found"},
+        _assistant("<think>hm</think>So <answer> Paris </answer>"),
+    ]
     assert extract_answer(conv) == "Paris"
     assert extract_answer("<answer>a</answer> then <answer>b</answer>") == "b"
     assert extract_answer("<think><answer>x</answer></think>no tag") is None
@@ -71,7 +75,9 @@ def test_rollouts_that_did_not_answer_score_zero():
     raw_call = [_assistant('<answer>Paris</answer><tool_call>{"name": "query_agents"</tool_call>')]
     for conv in (ends_on_tool, ends_on_call, raw_call, []):
         assert extract_answer(conv) is None
-    rewards = exact_match_reward([ends_on_tool, ends_on_call, [_assistant("<answer>paris</answer>")]], answers=[["Paris"]] * 3)
+    rewards = exact_match_reward(
+        [ends_on_tool, ends_on_call, [_assistant("<answer>paris</answer>")]], answers=[["Paris"]] * 3
+    )
     assert rewards == [0.0, 0.0, 1.0]
 
 

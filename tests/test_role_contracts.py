@@ -49,7 +49,10 @@ def hostile_text(rng: random.Random, n: int = 12) -> str:
 
 def request_kinds(rng: random.Random) -> list[ReaderRequest]:
     """One request of each kind the fleet sends, each filled with hostile text."""
-    t = lambda: hostile_text(rng)
+
+    def t() -> str:
+        return hostile_text(rng)
+
     pages = [(0, t()), (1, t())]
     return [
         ReaderRequest(t(), t(), "chunk-0"),
@@ -72,7 +75,7 @@ class _OwnBody(OpenAIReaderFleet):
 
 def _fleets(url: str) -> list[OpenAIReaderFleet]:
     return [
-        OpenAIReaderFleet([url], "m\u00e9\"", api_key_env=None),
+        OpenAIReaderFleet([url], 'm\u00e9"', api_key_env=None),
         ChatEndpoint([url], "m", api_key_env=None, max_tokens=7),
         _OwnBody([url], "m", api_key_env=None),
         OpenAIReaderFleet([url], "m", api_key_env=None, extra_body={"top_p": 0.5, "stop": ["\u2028"]}),
@@ -94,7 +97,10 @@ def test_chat_requests_send_their_own_messages():
     # The reader prompt (with an empty passage and question) used to replace every other role's messages.
     ep = ChatEndpoint(["http://127.0.0.1:9"], model="m")
     request = ReaderRequest.chat([{"role": "system", "content": "SELECTOR"}, {"role": "user", "content": "pick"}], "k")
-    assert json.loads(ep.encode_body(request))["messages"] == [{"role": "system", "content": "SELECTOR"}, {"role": "user", "content": "pick"}]
+    assert json.loads(ep.encode_body(request))["messages"] == [
+        {"role": "system", "content": "SELECTOR"},
+        {"role": "user", "content": "pick"},
+    ]
 
 
 def test_bytes_on_the_wire_are_the_request_body():
@@ -111,7 +117,9 @@ def test_bytes_on_the_wire_are_the_request_body():
             results = asyncio.run(send())
             assert all(r.ok for r in results), [r.error for r in results]
             received = sorted(r["raw"] for r in server.requests)
-            assert received == sorted(json.dumps(fleet.request_body(q), separators=(",", ":")).encode() for q in requests)
+            assert received == sorted(
+                json.dumps(fleet.request_body(q), separators=(",", ":")).encode() for q in requests
+            )
 
 
 # -- per-role contracts through the CLI --------------------------------------------------------

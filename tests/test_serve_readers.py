@@ -109,14 +109,27 @@ def test_command_line():
         "--enable-prefix-caching",
     ]  # fmt: skip
     cpu = vllm_server_command("py", "/m", 8100, cpu=True, max_model_len=2048, extra_args=["--seed", "1"])
-    assert cpu[-8:] == ["--dtype", "float32", "--gpu-memory-utilization", "0.2", "--max-model-len", "2048", "--seed", "1"]
-    overridden = vllm_server_command("py", "/m", 1, cpu=True, extra_args=["--dtype=bfloat16", "--gpu-memory-utilization", "0.5"])
+    assert cpu[-8:] == [
+        "--dtype",
+        "float32",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--max-model-len",
+        "2048",
+        "--seed",
+        "1",
+    ]
+    overridden = vllm_server_command(
+        "py", "/m", 1, cpu=True, extra_args=["--dtype=bfloat16", "--gpu-memory-utilization", "0.5"]
+    )
     assert overridden.count("--gpu-memory-utilization") == 1 and "float32" not in overridden
 
 
 def test_one_server_per_gpu_then_clean_stop(fake, tmp_path):
     port = _free_port_pair()
-    group = start_reader_servers("/models/reader", [3, 5], port_base=port, python=str(fake), log_dir=tmp_path, startup_timeout_s=60)
+    group = start_reader_servers(
+        "/models/reader", [3, 5], port_base=port, python=str(fake), log_dir=tmp_path, startup_timeout_s=60
+    )
     try:
         assert group.urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
         records = [_record(tmp_path, port), _record(tmp_path, port + 1)]
@@ -132,7 +145,9 @@ def test_one_server_per_gpu_then_clean_stop(fake, tmp_path):
 def test_server_dying_at_startup_is_named_with_its_log(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "die")
     with pytest.raises(ReaderServerError) as err:
-        start_reader_servers("/m", [7], port_base=_free_port_pair(), python=str(fake), log_dir=tmp_path, startup_timeout_s=60)
+        start_reader_servers(
+            "/m", [7], port_base=_free_port_pair(), python=str(fake), log_dir=tmp_path, startup_timeout_s=60
+        )
     message = str(err.value)
     assert "gpu7" in message and "exited with code 3" in message and "boom: simulated CUDA out of memory" in message
 
@@ -140,7 +155,7 @@ def test_server_dying_at_startup_is_named_with_its_log(fake, tmp_path, monkeypat
 def test_startup_timeout_stops_everything(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "hang")
     port = _free_port_pair()
-    with pytest.raises(ReaderServerError, match="cpu.*not healthy after 2s"):
+    with pytest.raises(ReaderServerError, match=r"cpu.*not healthy after 2s"):
         start_reader_servers("/m", cpu=True, port_base=port, python=str(fake), log_dir=tmp_path, startup_timeout_s=2)
     record = _record(tmp_path, port)
     assert record["cuda"] == ""  # CPU mode hides GPUs
@@ -153,7 +168,9 @@ def test_port_in_use_is_refused(fake, tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(ReaderServerError, match="already in use"):
-            start_reader_servers("/m", cpu=True, port_base=port, python=str(fake), log_dir=tmp_path, startup_timeout_s=10)
+            start_reader_servers(
+                "/m", cpu=True, port_base=port, python=str(fake), log_dir=tmp_path, startup_timeout_s=10
+            )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

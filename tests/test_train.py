@@ -26,7 +26,14 @@ TINY = ROOT / "configs" / "tiny_cpu.yaml"
 
 
 def cfg(tmp_path, **over):
-    base = {"output_dir": str(tmp_path / "run"), "max_steps": 2, "eval_strategy": "no", "eval_data": "null", "report_to": "none", "save_steps": 2}
+    base = {
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 2,
+        "eval_strategy": "no",
+        "eval_data": "null",
+        "report_to": "none",
+        "save_steps": 2,
+    }
     base.update({k: str(v) for k, v in over.items()})
     return load_config(TINY, base)
 
@@ -111,7 +118,12 @@ def test_tool_rounds_run_concurrently_across_rollouts(tmp_path):
         trainer = build_trainer(c, trainer_cls=scripted_trainer_class(CoordGRPOTrainer, rounds=2), fleet=fleet)
         trainer.train()
         traces = (Path(c.grpo["output_dir"]) / "traces" / "rank0.jsonl").read_text().splitlines()
-        results[concurrent] = (fleet.max_in_flight, fleet.batches, [json.loads(t)["completion"] for t in traces], trainer.tool_loop_stats)
+        results[concurrent] = (
+            fleet.max_in_flight,
+            fleet.batches,
+            [json.loads(t)["completion"] for t in traces],
+            trainer.tool_loop_stats,
+        )
     on, off = results[True], results[False]
     assert on[0] == 4 and off[0] == 1  # 4 rollouts per step: all in flight together vs one at a time
     assert on[1] == off[1] == 2 * 4
@@ -122,12 +134,25 @@ def test_tool_rounds_run_concurrently_across_rollouts(tmp_path):
 
 
 def _run_cli(args, env, **kw):
-    return subprocess.Popen([sys.executable, "-m", "coordrl.cli", "train", "--config", str(TINY), *args], env=env, cwd=ROOT, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "coordrl.cli", "train", "--config", str(TINY), *args], env=env, cwd=ROOT, **kw
+    )
 
 
 def test_resume_after_kill_keeps_the_data_order(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    common = ["--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no", "--eval_data", "null", "--report_to", "none"]
+    common = [
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--eval_strategy",
+        "no",
+        "--eval_data",
+        "null",
+        "--report_to",
+        "none",
+    ]
     full = tmp_path / "full"
     assert _run_cli([*common, "--output_dir", str(full)], env).wait(timeout=300) == 0
 
@@ -159,7 +184,21 @@ def test_resume_after_kill_keeps_the_data_order(tmp_path):
 
 def test_rerun_without_resume_is_refused_and_overwrite_clears_the_old_run(tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["train", "--config", str(TINY), "--output_dir", str(run), "--max_steps", "1", "--eval_strategy", "no", "--eval_data", "null", "--report_to", "none"]
+    args = [
+        "train",
+        "--config",
+        str(TINY),
+        "--output_dir",
+        str(run),
+        "--max_steps",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--eval_data",
+        "null",
+        "--report_to",
+        "none",
+    ]
     assert main([*args, "--save_steps", "1"]) == 0
     capsys.readouterr()
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
@@ -186,7 +225,22 @@ def test_two_ranks_with_different_round_counts_stay_in_lockstep(tmp_path):
     # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process unless an MPI hostfile is given;
     # its torchrun launcher with ACCELERATE_USE_CPU gives two real gloo ranks on one CPU host.
     env["ACCELERATE_USE_CPU"] = "true"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(script),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=400, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -202,7 +256,10 @@ def test_hmars_protocol_trains_with_the_environment_reward(tmp_path):
         ROOT / "configs" / "hmars_tiny_cpu.yaml",
         {"output_dir": str(tmp_path / "hm"), "max_steps": "1", "save_steps": "1", "sample_num_paragraphs": "30"},
     )
-    call = {"name": "broadcast", "arguments": {"interpretation": "Find the nationality of both people.", "hints": {"s1": "Scott Derrickson"}}}
+    call = {
+        "name": "broadcast",
+        "arguments": {"interpretation": "Find the nationality of both people.", "hints": {"s1": "Scott Derrickson"}},
+    }
     trainer = build_trainer(c, trainer_cls=scripted_trainer_class(CoordGRPOTrainer, rounds=1, call=call))
     trainer.train()
     log = next(h for h in trainer.state.log_history if "env/broadcasts" in h)
@@ -217,11 +274,18 @@ def test_trainer_survives_tool_call_json_nested_too_deep(tmp_path):
 
     trainer = build_trainer(cfg(tmp_path, max_steps=1, traces=False))
     tok = trainer._tokenizer
-    deep = '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ' + "[" * 3000 + "]" * 3000 + "}}\n</tool_call>"
+    deep = (
+        '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ' + "[" * 3000 + "]" * 3000 + "}}\n</tool_call>"
+    )
     ids = tok(deep, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     with pytest.raises(RecursionError):  # what TRL's parser would meet without the guard
         type(tok).parse_response(tok, ids, prefix=[])
     parsed = parse_response(tok, ids, prefix=[])  # the call TRL's trainer makes for every generated turn
     assert "tool_calls" not in parsed and "[[[" in parsed["content"]  # TRL's fallback: the text, no call
-    ok = tok('<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Who?"]}}\n</tool_call>', add_special_tokens=False)["input_ids"]
-    assert parse_response(tok, ok + [tok.eos_token_id], prefix=[])["tool_calls"][0]["function"]["arguments"] == {"queries": ["Who?"]}
+    ok = tok(
+        '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["Who?"]}}\n</tool_call>',
+        add_special_tokens=False,
+    )["input_ids"]
+    assert parse_response(tok, ok + [tok.eos_token_id], prefix=[])["tool_calls"][0]["function"]["arguments"] == {
+        "queries": ["Who?"]
+    }

@@ -20,11 +20,20 @@ def test_trl_version_is_pinned_minor():
 
 def test_tool_loop_signature_and_serial_dispatch_still_match():
     sig = inspect.signature(GRPOTrainer._tool_call_loop)
-    assert list(sig.parameters) == ["self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields"]
+    assert list(sig.parameters) == [
+        "self",
+        "prompts",
+        "prompt_ids",
+        "completion_ids",
+        "completions",
+        "logprobs",
+        "images",
+        "multimodal_fields",
+    ]
     src = inspect.getsource(GRPOTrainer._tool_call_loop)
     # The per-rollout dicts our batcher swaps in are read by rollout index inside the loop ...
     assert "self._sync_tool_dicts[idx_with_tool]" in src and "self._async_tool_dicts[idx_with_tool]" in src
-    assert "sync_tool_dict[name](**function[\"arguments\"])" in src
+    assert 'sync_tool_dict[name](**function["arguments"])' in src
     # ... the loop appends tool messages to `completions` (the batcher's round key) ...
     assert "completions[idx_with_tool].append(tool_message)" in src
     # ... and generates each round through _generate_single_turn.
@@ -35,10 +44,23 @@ def test_tool_loop_signature_and_serial_dispatch_still_match():
 
 def test_generation_and_suffix_helpers_still_match():
     sig = inspect.signature(GRPOTrainer._generate_single_turn)
-    assert list(sig.parameters) == ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"]
+    assert list(sig.parameters) == [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ]
     assert list(inspect.signature(GRPOTrainer._get_tool_suffix_ids).parameters) == ["self", "tool_messages"]
     src = inspect.getsource(GRPOTrainer._get_tool_suffix_ids)
-    for attr in ("self.processing_class", "self.chat_template", "self.chat_template_kwargs", "self._is_vlm", "self._tokenizer"):
+    for attr in (
+        "self.processing_class",
+        "self.chat_template",
+        "self.chat_template_kwargs",
+        "self._is_vlm",
+        "self._tokenizer",
+    ):
         assert attr in src  # the attributes ChatCodec provides to it
     rewards_src = inspect.getsource(GRPOTrainer._calculate_rewards)
     assert 'reward_kwargs["environments"]' in rewards_src and 'reward_kwargs["log_metric"]' in rewards_src

@@ -53,7 +53,9 @@ def _free_port() -> int:
 def vllm_python() -> str:
     python = _vllm_python()
     if python is None:
-        pytest.skip("no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON")
+        pytest.skip(
+            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
+        )
     return python
 
 
@@ -147,7 +149,20 @@ def test_rollout_cli_episode_against_the_real_reader_server(server, model_dir, t
 
     data = tmp_path / "ds"
     build_dataset(BuildConfig(seed=0, num_samples=1, num_paragraphs=12), data)
-    rc = main(["rollout", "--data", str(data), "--readers", server.url, "--reader-model", model_dir, "--chunk-tokens", "512", "--json"])
+    rc = main(
+        [
+            "rollout",
+            "--data",
+            str(data),
+            "--readers",
+            server.url,
+            "--reader-model",
+            model_dir,
+            "--chunk-tokens",
+            "512",
+            "--json",
+        ]
+    )
     assert rc == 0
     episode = json.loads(capsys.readouterr().out)
     info = episode["info"]

@@ -31,9 +31,15 @@ def test_world_is_seeded_and_heldout_chains_are_unseen():
     assert world_splits(50, 10, seed=1)["heldout"] != a["heldout"][:10]
     w = make_world(0)
     assert len(set(w.names)) == len(w.names)
+
     def key(r):
         c = json.loads(r["chain"])
-        return (r["type"], c.get("film"), c.get("director"), r["answers"][0]) if r["type"] == "bridge" else (r["type"], *sorted(c["people"]))
+        return (
+            (r["type"], c.get("film"), c.get("director"), r["answers"][0])
+            if r["type"] == "bridge"
+            else (r["type"], *sorted(c["people"]))
+        )
+
     assert not {key(r) for r in a["heldout"]} & {key(r) for r in a["train"]}
     assert {r["type"] for r in a["train"]} == set(QUESTION_TYPES)
     for r in a["train"][:50]:
@@ -42,7 +48,10 @@ def test_world_is_seeded_and_heldout_chains_are_unseen():
             assert r["context"][start:].startswith(f"Document {d}:\n")
         chain = json.loads(r["chain"])
         if r["type"] == "bridge":
-            assert f"The film {chain['film']} was directed by {chain['director']} and filmed in {chain['decoy']}." in r["context"]
+            assert (
+                f"The film {chain['film']} was directed by {chain['director']} and filmed in {chain['decoy']}."
+                in r["context"]
+            )
             assert f"{chain['director']} was born in the city of {r['answers'][0]}." in r["context"]
         else:
             d1, d2 = chain["decades"]
@@ -55,7 +64,9 @@ def test_dataset_folder_loads(tmp_path):
 
     paths = build_world_dataset(tmp_path / "w", n_train=20, n_heldout=6, seed=0)
     ds = load_built(paths["train"])
-    assert len(ds) == 20 and {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "type"} <= set(ds.column_names)
+    assert len(ds) == 20 and {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "type"} <= set(
+        ds.column_names
+    )
 
 
 def test_tokenizer_names_single_token_roundtrip_and_trl_template(tok):
@@ -66,7 +77,12 @@ def test_tokenizer_names_single_token_roundtrip_and_trl_template(tok):
         assert len(tok(f" {n}", add_special_tokens=False)["input_ids"]) == 1
     for d in DECADES:  # one token per decade: comparing birth decades is comparing two tokens
         assert len(tok(f" {d}s", add_special_tokens=False)["input_ids"]) == 1
-    for text in ['<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["In which decade was Bofa born?"]}}\n</tool_call>', "dummy", "{}}", "<answer> 1930s</answer>"]:
+    for text in [
+        '<tool_call>\n{"name": "query_agents", "arguments": {"queries": ["In which decade was Bofa born?"]}}\n</tool_call>',
+        "dummy",
+        "{}}",
+        "<answer> 1930s</answer>",
+    ]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == text
 
@@ -85,7 +101,11 @@ def test_scripted_demonstrations_score_and_mask(tok, good, reward):
         assert step.terminated and step.reward == reward
         # Every lookup of a scripted trajectory finds its fact (and only facts about the named entity).
         findings = env.env.findings
-        assert findings and all(any(w in f["text"] for w in json.loads(row["chain"]).values() if isinstance(w, str)) or f["query"].split()[-2] in f["text"] for f in findings)
+        assert findings and all(
+            any(w in f["text"] for w in json.loads(row["chain"]).values() if isinstance(w, str))
+            or f["query"].split()[-2] in f["text"]
+            for f in findings
+        )
         if good:
             assert any(row["answers"][0] in f["text"] for f in findings) or row["type"] == "comparison"
         ids, mask = demo_ids(row, good, codec, factory)
@@ -102,7 +122,9 @@ def test_world_config_trains_with_the_world_prompt_and_records_it(tmp_path):
     from coordrl.train.config import load_config
     from coordrl.train.run import _dataset, checkpoint_metadata
 
-    cfg = load_config(Path(__file__).parents[1] / "configs" / "world_cpu.yaml", {"world_train_size": "8", "world_heldout_size": "4"})
+    cfg = load_config(
+        Path(__file__).parents[1] / "configs" / "world_cpu.yaml", {"world_train_size": "8", "world_heldout_size": "4"}
+    )
     assert cfg.coord.system_prompt == WORLD_SYSTEM_PROMPT
     ds = _dataset("world", cfg.coord, tmp_path, "train")
     # The rows coordrl train hands TRL carry exactly the prompt the warm start and evaluate_world use.
@@ -110,7 +132,10 @@ def test_world_config_trains_with_the_world_prompt_and_records_it(tmp_path):
     assert row["prompt"] == with_world_prompt(row)["prompt"] and row["prompt"][0]["content"] == WORLD_SYSTEM_PROMPT
     assert checkpoint_metadata(cfg, str(tmp_path))["system_prompt"] == WORLD_SYSTEM_PROMPT
     default = load_config(Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml", {})
-    assert "query_agents" in checkpoint_metadata(default, str(tmp_path))["system_prompt"] and default.coord.system_prompt is None
+    assert (
+        "query_agents" in checkpoint_metadata(default, str(tmp_path))["system_prompt"]
+        and default.coord.system_prompt is None
+    )
 
 
 def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
@@ -134,11 +159,31 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     import importlib.util
     import inspect
 
-    spec = importlib.util.spec_from_file_location("build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    defaults = {k: v.default for k, v in inspect.signature(mod.build).parameters.items() if v.default is not inspect.Parameter.empty}
-    for key in ("seed", "lr", "batch", "drills", "drill_weight", "max_drill", "warmup", "name_weight", "recall_frac", "compare_frac", "adjacent_frac", "adjacent_from", "n_train"):
+    defaults = {
+        k: v.default
+        for k, v in inspect.signature(mod.build).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
+    for key in (
+        "seed",
+        "lr",
+        "batch",
+        "drills",
+        "drill_weight",
+        "max_drill",
+        "warmup",
+        "name_weight",
+        "recall_frac",
+        "compare_frac",
+        "adjacent_frac",
+        "adjacent_from",
+        "n_train",
+    ):
         assert meta[key] == defaults[key], key
 
 
@@ -146,7 +191,9 @@ def _warm_start_builder():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -173,7 +220,11 @@ def test_length_sweep_pads_the_same_questions_with_unrelated_documents():
     for n_docs in (8, 100):
         rows, _ = world_rows(6, 0, world, prefix="heldout", n_docs=n_docs)
         for row, short in zip(rows, base, strict=True):
-            assert (row["question"], row["answers"], row["chain"]) == (short["question"], short["answers"], short["chain"])
+            assert (row["question"], row["answers"], row["chain"]) == (
+                short["question"],
+                short["answers"],
+                short["chain"],
+            )
             assert len(row["doc_offsets"]) == n_docs and len(row["chunks"]) == n_docs // 2
             # The question's own documents are all there, at the gold positions the row names.
             docs = row["context"].split("\n\nDocument ")

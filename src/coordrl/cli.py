@@ -35,14 +35,42 @@ def _str_list(text: str) -> list[str]:
 
 def _add_source_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--hotpotqa", metavar="PATH|hub|sample", help="HotpotQA questions: official JSON path, 'hub', or 'sample' (shipped, default)")
-    src.add_argument("--2wikimultihopqa", dest="wiki2", metavar="PATH|hub|sample", help="2WikiMultiHopQA questions instead of HotpotQA")
-    p.add_argument("--pool", default="sample", metavar="PATH|split|sample", help="distractor paragraphs: JSONL path, 'split' (the questions' own paragraphs) or 'sample' (shipped, 26,616 paragraphs; default)")
-    p.add_argument("--tokenizer", default=None, metavar="PATH|HUB_ID", help="tokenizer for token counts (default: coordrl's shipped tokenizer, offline)")
+    src.add_argument(
+        "--hotpotqa",
+        metavar="PATH|hub|sample",
+        help="HotpotQA questions: official JSON path, 'hub', or 'sample' (shipped, default)",
+    )
+    src.add_argument(
+        "--2wikimultihopqa",
+        dest="wiki2",
+        metavar="PATH|hub|sample",
+        help="2WikiMultiHopQA questions instead of HotpotQA",
+    )
+    p.add_argument(
+        "--pool",
+        default="sample",
+        metavar="PATH|split|sample",
+        help="distractor paragraphs: JSONL path, 'split' (the questions' own paragraphs) or 'sample' (shipped, 26,616 paragraphs; default)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH|HUB_ID",
+        help="tokenizer for token counts (default: coordrl's shipped tokenizer, offline)",
+    )
     p.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
-    p.add_argument("--out", required=True, type=Path, help="output folder (a datasets dataset saved to disk, plus README.md)")
-    p.add_argument("--workers", type=_positive, default=1, help="worker processes; output is identical for any count (default 1)")
-    p.add_argument("--on-bad-record", choices=("error", "skip"), default="error", help="stop on a bad record (default) or skip and count it in the card")
+    p.add_argument(
+        "--out", required=True, type=Path, help="output folder (a datasets dataset saved to disk, plus README.md)"
+    )
+    p.add_argument(
+        "--workers", type=_positive, default=1, help="worker processes; output is identical for any count (default 1)"
+    )
+    p.add_argument(
+        "--on-bad-record",
+        choices=("error", "skip"),
+        default="error",
+        help="stop on a bad record (default) or skip and count it in the card",
+    )
     p.add_argument("--jsonl", action="store_true", help="also write samples.jsonl")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
 
@@ -168,7 +196,13 @@ def _rollout_episode(args: argparse.Namespace):
             raise UsageError(f"--policy must be 'scripted' or a model folder; {args.policy} is not a folder")
         policy = HFPolicy(args.policy, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
         tokenizer = policy.tokenizer
-    config = ParserEnvConfig(readers=args.readers, reader_model=args.reader_model, chunk_tokens=args.chunk_tokens, max_turns=args.max_turns, **reader_limits(args))
+    config = ParserEnvConfig(
+        readers=args.readers,
+        reader_model=args.reader_model,
+        chunk_tokens=args.chunk_tokens,
+        max_turns=args.max_turns,
+        **reader_limits(args),
+    )
     try:
         factory = ParserEnvFactory(config, tokenizer=tokenizer)
         env = StepEnv(factory(), ChatCodec(tokenizer), max_turns=config.max_turns)
@@ -220,7 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job on embedded defaults (offline, CPU, minutes)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
     demo.add_argument("--workers", type=_positive, default=min(2, os.cpu_count() or 1))
-    demo.add_argument("--world-steps", type=_positive, default=160, help="GRPO optimizer steps of the world part (default 160: about 4 minutes on 2 idle cores)")
+    demo.add_argument(
+        "--world-steps",
+        type=_positive,
+        default=160,
+        help="GRPO optimizer steps of the world part (default 160: about 4 minutes on 2 idle cores)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     train = sub.add_parser(
@@ -229,10 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train with TRL's GRPOTrainer. Overrides use the YAML field names: --max_steps 2 --output_dir out.",
     )
     train.add_argument("--config", type=Path, required=True, help="YAML config (coordrl and GRPOConfig fields)")
-    train.add_argument("--dry-run", action="store_true", help="print the resolved plan (layout, batch, budget, memory) and exit")
-    train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in output_dir")
-    train.add_argument("--overwrite", action="store_true", help="delete another run's checkpoints, final model and traces in output_dir first")
-    train.add_argument("--break-lock", action="store_true", help="take over output_dir's lock left by a run on another host")
+    train.add_argument(
+        "--dry-run", action="store_true", help="print the resolved plan (layout, batch, budget, memory) and exit"
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the newest complete checkpoint in output_dir"
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete another run's checkpoints, final model and traces in output_dir first",
+    )
+    train.add_argument(
+        "--break-lock", action="store_true", help="take over output_dir's lock left by a run on another host"
+    )
     train.set_defaults(func=_cmd_train)
 
     rollout = sub.add_parser("rollout", help="run one episode and print the conversation, findings, reward and info")
@@ -243,8 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
     rollout.add_argument("--policy", default="scripted", help="'scripted' (model-free baseline) or a model folder")
     rollout.add_argument("--chunk-tokens", type=_positive, default=512, help="tokens per reader chunk (default 512)")
-    rollout.add_argument("--max-turns", type=_positive, default=12, help="tool rounds allowed (default 12, the evaluation cap)")
-    rollout.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (default 0: greedy)")
+    rollout.add_argument(
+        "--max-turns", type=_positive, default=12, help="tool rounds allowed (default 12, the evaluation cap)"
+    )
+    rollout.add_argument(
+        "--temperature", type=float, default=0.0, help="policy sampling temperature (default 0: greedy)"
+    )
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
@@ -272,17 +325,40 @@ def build_parser() -> argparse.ArgumentParser:
     build = data_sub.add_parser("build", help="training set: each question's paragraphs plus pool distractors")
     _add_source_flags(build)
     build.add_argument("--num-paragraphs", type=_positive, default=None, help="paragraphs per sample (default 200)")
-    build.add_argument("--max-tokens", type=_positive, default=None, help="fill to this many tokens instead (PARSER: about 28000)")
-    build.add_argument("--num-samples", type=_positive, default=None, help="samples to build (default: one per question; more reuses questions with fresh distractors)")
-    build.add_argument("--shuffle", choices=("uniform", "memagent"), default="uniform", help="uniform: every sample shuffled independently (default); memagent: the reference's fixed positions")
+    build.add_argument(
+        "--max-tokens", type=_positive, default=None, help="fill to this many tokens instead (PARSER: about 28000)"
+    )
+    build.add_argument(
+        "--num-samples",
+        type=_positive,
+        default=None,
+        help="samples to build (default: one per question; more reuses questions with fresh distractors)",
+    )
+    build.add_argument(
+        "--shuffle",
+        choices=("uniform", "memagent"),
+        default="uniform",
+        help="uniform: every sample shuffled independently (default); memagent: the reference's fixed positions",
+    )
     build.set_defaults(func=_cmd_data_build)
 
-    sweep = data_sub.add_parser("sweep", help="evaluation sweep: the same questions at every length, plus robustness controls")
+    sweep = data_sub.add_parser(
+        "sweep", help="evaluation sweep: the same questions at every length, plus robustness controls"
+    )
     _add_source_flags(sweep)
-    sweep.add_argument("--questions", type=_positive, default=128, help="questions, the same at every length (default 128)")
-    sweep.add_argument("--lengths", type=_int_list, default=[50, 100, 200, 400, 800, 1600, 3200, 6400], help="paragraph counts (default 50,100,...,6400)")
+    sweep.add_argument(
+        "--questions", type=_positive, default=128, help="questions, the same at every length (default 128)"
+    )
+    sweep.add_argument(
+        "--lengths",
+        type=_int_list,
+        default=[50, 100, 200, 400, 800, 1600, 3200, 6400],
+        help="paragraph counts (default 50,100,...,6400)",
+    )
     sweep.add_argument("--controls", type=_str_list, default=[], help="any of position,order,distance")
-    sweep.add_argument("--control-length", type=_positive, default=800, help="paragraphs in the control subsets (default 800)")
+    sweep.add_argument(
+        "--control-length", type=_positive, default=800, help="paragraphs in the control subsets (default 800)"
+    )
     sweep.set_defaults(func=_cmd_data_sweep)
 
     show = data_sub.add_parser("show", help="print one sample of a built dataset")

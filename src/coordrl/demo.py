@@ -70,14 +70,19 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     paths = build_world_dataset(out / "data", n_train=4000, n_heldout=200, seed=0)
     heldout = [dict(r) for r in load_built(paths["heldout"])]
     for row in (heldout[0], heldout[1]):
-        print(f"[{row['type']}] {row['question']}  ->  {row['answers'][0]}   ({len(row['chunks'])} readers, gold Documents {row['gold_documents']})")
+        print(
+            f"[{row['type']}] {row['question']}  ->  {row['answers'][0]}   ({len(row['chunks'])} readers, gold Documents {row['gold_documents']})"
+        )
     print("\n".join("  | " + line for line in heldout[0]["context"].splitlines()[:9]) + "\n  | ...")
     rows = heldout[:n_eval]
 
     def evaluate(path: str) -> dict[str, dict]:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
-        return {"sampled": evaluate_world(model, tok, rows, sample=True, seed=0), "greedy": evaluate_world(model, tok, rows, sample=False, seed=0)}
+        return {
+            "sampled": evaluate_world(model, tok, rows, sample=True, seed=0),
+            "greedy": evaluate_world(model, tok, rows, sample=False, seed=0),
+        }
 
     warm = resolve_model(WORLD_MODEL)
     _rule(2, f"the kept warm start (SFT on imperfect scripted demonstrations), {len(rows)} held-out questions")
@@ -86,7 +91,9 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
 
     _rule(3, f"GRPO through coordrl train, configs/world_cpu.yaml, {steps} optimizer steps")
     run_dir = out / "grpo"
-    cfg = load_config(CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_steps": str(steps), "disable_tqdm": "true"})
+    cfg = load_config(
+        CONFIGS / "world_cpu.yaml", {"output_dir": str(run_dir), "max_steps": str(steps), "disable_tqdm": "true"}
+    )
     t = time.perf_counter()
     train(cfg, overwrite=True, trainer_cls=_reward_printing_trainer())  # a rerun replaces the demo's own earlier run
     summary["world_grpo_s"] = time.perf_counter() - t
@@ -97,8 +104,13 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     print(_em_table({"warm start": before, "after GRPO": after}))
     summary["world"] = {"before": before, "after": after}
 
-    _rule(5, f"accuracy against document length: the same {WORLD_LENGTH_QUESTIONS} held-out questions in {WORLD_LENGTHS[0]} to {WORLD_LENGTHS[-1]} documents")
-    summary["world"]["by_length"] = length_sweep(out, {"after GRPO": str(run_dir / "final"), "warm start": warm}, WORLD_LENGTH_QUESTIONS)
+    _rule(
+        5,
+        f"accuracy against document length: the same {WORLD_LENGTH_QUESTIONS} held-out questions in {WORLD_LENGTHS[0]} to {WORLD_LENGTHS[-1]} documents",
+    )
+    summary["world"]["by_length"] = length_sweep(
+        out, {"after GRPO": str(run_dir / "final"), "warm start": warm}, WORLD_LENGTH_QUESTIONS
+    )
     (out / "demo_world.json").write_text(json.dumps(summary["world"], indent=2) + "\n")
 
     _rule(6, "export the world policy and answer a held-out question through the inference API")
@@ -108,7 +120,9 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     exported = export_policy(run_dir / "final", out / "export", overwrite=True)
     print(f"exported to {exported}")
     row = next(r for r in heldout[n_eval:] if r["type"] == "bridge")
-    with Coordinator.from_pretrained(exported, readers="lexical", max_turns=cfg.coord.max_turns, chunk_tokens=4096) as coordinator:
+    with Coordinator.from_pretrained(
+        exported, readers="lexical", max_turns=cfg.coord.max_turns, chunk_tokens=4096
+    ) as coordinator:
         result = coordinator.answer(row["context"], row["question"])
     for f in result.evidence:
         print(f"  round {f['turn']}: asked {f['query']!r} -> {f['text']}")
@@ -131,12 +145,17 @@ def length_sweep(out: Path, policies: dict[str, str], n: int) -> dict[str, dict[
 
     world = make_world(0)
     rows = {length: world_rows(n, 0, world, prefix="heldout", n_docs=length)[0] for length in WORLD_LENGTHS}
-    runs = [(name, path, False) for name, path in policies.items()] + [("mapreduce (one broadcast of the question)", next(iter(policies.values())), True)]
+    runs = [(name, path, False) for name, path in policies.items()] + [
+        ("mapreduce (one broadcast of the question)", next(iter(policies.values())), True)
+    ]
     found: dict[str, dict[int, float]] = {}
     for name, path, mapreduce in runs:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
-        found[name] = {length: evaluate_world(model, tok, r, sample=False, seed=0, mapreduce=mapreduce)["all"] for length, r in rows.items()}
+        found[name] = {
+            length: evaluate_world(model, tok, r, sample=False, seed=0, mapreduce=mapreduce)["all"]
+            for length, r in rows.items()
+        }
     print("| policy (greedy) | " + " | ".join(f"{length} docs" for length in WORLD_LENGTHS) + " |")
     print("|---|" + "---:|" * len(WORLD_LENGTHS))
     for name, by_len in found.items():
@@ -181,8 +200,11 @@ def _reward_printing_trainer():
                 self.rewards.append(float(logs["reward"]))
                 last = self.rewards[-10:]
                 bar = "#" * round(20 * sum(last) / len(last))
-                print(f"  step {state.global_step:>3}  reward {logs['reward']:.2f}  (mean of last {len(last):>2}: {sum(last) / len(last):.2f} {bar:<20})"
-                      f"  tool calls {float(logs.get('tools/call_frequency', 0)):.2f}  {float(logs.get('step_time', 0)):.1f}s", flush=True)
+                print(
+                    f"  step {state.global_step:>3}  reward {logs['reward']:.2f}  (mean of last {len(last):>2}: {sum(last) / len(last):.2f} {bar:<20})"
+                    f"  tool calls {float(logs.get('tools/call_frequency', 0)):.2f}  {float(logs.get('step_time', 0)):.1f}s",
+                    flush=True,
+                )
 
     class DemoTrainer(CoordGRPOTrainer):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -195,10 +217,15 @@ def _reward_printing_trainer():
 
 
 def _em_table(results: dict[str, dict]) -> str:
-    lines = ["| policy | sampled bridge | sampled comparison | greedy bridge | greedy comparison |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| policy | sampled bridge | sampled comparison | greedy bridge | greedy comparison |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         s, g = r["sampled"], r["greedy"]
-        lines.append(f"| {name} | {100 * s['bridge']:.0f}% | {100 * s['comparison']:.0f}% | {100 * g['bridge']:.0f}% | {100 * g['comparison']:.0f}% |")
+        lines.append(
+            f"| {name} | {100 * s['bridge']:.0f}% | {100 * s['comparison']:.0f}% | {100 * g['bridge']:.0f}% | {100 * g['comparison']:.0f}% |"
+        )
     return "\n".join(lines)
 
 
@@ -216,19 +243,25 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
 
     _rule(8, "evaluation sweep: the same 8 questions at 50..6400 paragraphs, plus robustness controls")
     manifest = build_sweep(
-        SweepConfig(questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True),
+        SweepConfig(
+            questions=8, controls=["position", "order", "distance"], control_length=200, workers=workers, overwrite=True
+        ),
         out / "sweep",
     )
     for sub in manifest["subsets"]:
         s = sub["stats"]
-        print(f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}")
+        print(
+            f"  {sub['variant']:<18} {s['samples']} samples, median {s['tokens']['median']:>9,.0f} tokens -> {out / 'sweep' / sub['folder']}"
+        )
 
     _rule(9, "one training sample, and how 512-token reader chunks cover it")
     print(show_sample(out / "train", 0, max_chars=700))
     sample = load_built(out / "train")[0]
     chunks = chunk_context(sample["context"], cached_counter(None).tokenizer, 512, sample["doc_offsets"])
     gold_chunks = [c.index for c in chunks if set(c.documents) & set(sample["gold_documents"])]
-    print(f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}")
+    print(
+        f"\n{len(chunks)} reader chunks of <= 512 tokens; gold Documents {sample['gold_documents']} sit in chunks {gold_chunks}"
+    )
 
     _rule(10, "one PARSER episode: scripted baseline lead, lexical readers over 512-token chunks")
     from coordrl.envs.chat import ChatCodec
@@ -248,10 +281,14 @@ def hotpot_part(out: Path, summary: dict[str, Any], workers: int) -> None:
     from coordrl.train.run import train
 
     run_dir = out / "grpo"
-    cfg = load_config(CONFIGS / "tiny_cpu.yaml", {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2})
+    cfg = load_config(
+        CONFIGS / "tiny_cpu.yaml", {"output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_steps": 2}
+    )
     train(cfg, overwrite=True)  # a rerun replaces the demo's own earlier run
     rewards = [h["reward"] for h in _log_history(run_dir) if "reward" in h]
-    print(f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)")
+    print(
+        f"GRPO steps: {len(rewards)}; mean reward per step {[round(r, 3) for r in rewards]} (a random-weight policy: expect 0)"
+    )
     print(f"latest complete checkpoint: {latest_complete_checkpoint(run_dir)}; final policy: {run_dir / 'final'}")
     print(f"wandb offline logs: {run_dir / 'wandb'}; rollout traces: {run_dir / 'traces'}")
     _evaluate_export_answer(out, run_dir / "final", sample, summary)
@@ -273,8 +310,10 @@ def _evaluate_export_answer(out: Path, checkpoint: Path, sample: dict, summary: 
     print(f"exported to {exported}: {sorted(p.name for p in exported.iterdir())}")
     with Coordinator.from_pretrained(exported, readers="lexical") as coordinator:
         result = coordinator.answer(sample["context"], sample["question"])
-    print(f"question: {sample['question']}\nanswer: {result.answer!r} (gold {sample['answers']}); "
-          f"{len(result.evidence)} findings, {result.info.get('tool_rounds', 0)} tool rounds")
+    print(
+        f"question: {sample['question']}\nanswer: {result.answer!r} (gold {sample['answers']}); "
+        f"{len(result.evidence)} findings, {result.info.get('tool_rounds', 0)} tool rounds"
+    )
     summary["hotpot_answer"] = (sample["question"], result.answer, sample["answers"][0])
 
 
@@ -283,9 +322,11 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
     w = summary.get("world")
     if w:
         b, a = w["before"], w["after"]
-        print(f"world: held-out exact match, sampled {100 * b['sampled']['all']:.0f}% -> {100 * a['sampled']['all']:.0f}%, "
-              f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_steps', 0)} GRPO steps ({summary.get('world_grpo_s', 0) / 60:.1f} min) "
-              f"({out / 'world' / 'demo_world.json'})")
+        print(
+            f"world: held-out exact match, sampled {100 * b['sampled']['all']:.0f}% -> {100 * a['sampled']['all']:.0f}%, "
+            f"greedy {100 * b['greedy']['all']:.0f}% -> {100 * a['greedy']['all']:.0f}% after {summary.get('world_steps', 0)} GRPO steps ({summary.get('world_grpo_s', 0) / 60:.1f} min) "
+            f"({out / 'world' / 'demo_world.json'})"
+        )
     by_length = (w or {}).get("by_length")
     if by_length:
         for name, found in by_length.items():
@@ -297,7 +338,9 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
     if "hotpot_answer" in summary:
         q, ans, gold = summary["hotpot_answer"]
         print(f"HotpotQA pipeline ran end to end (tiny random-weight policy): {q!r} -> {ans!r} (gold {gold!r})")
-    print(f"done in {summary.get('total_s', 0) / 60:.1f} min (world part {summary.get('world_s', 0) / 60:.1f} min); everything under {out}")
+    print(
+        f"done in {summary.get('total_s', 0) / 60:.1f} min (world part {summary.get('world_s', 0) / 60:.1f} min); everything under {out}"
+    )
 
 
 def _log_history(run_dir: Path) -> list[dict]:

@@ -69,9 +69,7 @@ class LockHolder:
     command: str
 
     def describe(self) -> str:
-        return (
-            f"pid {self.pid} on host {self.host} since {self.started} ({self.command})"
-        )
+        return f"pid {self.pid} on host {self.host} since {self.started} ({self.command})"
 
     @classmethod
     def current(cls) -> LockHolder:
@@ -153,28 +151,20 @@ class RunLock:
             # No O_TRUNC: a refused contender must not wipe the holder's record.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise RunDirError(
-                f"{self.what} {self.folder}: cannot create {LOCK_NAME}: {e.strerror}"
-            ) from None
+            raise RunDirError(f"{self.what} {self.folder}: cannot create {LOCK_NAME}: {e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             holder = _read_holder(fd)
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunDirError(
-                    f"{self.what} {self.folder}: cannot lock {LOCK_NAME}: {e.strerror}"
-                ) from None
+                raise RunDirError(f"{self.what} {self.folder}: cannot lock {LOCK_NAME}: {e.strerror}") from None
             who = holder.describe() if holder else "another process"
             raise RunDirError(
                 f"{self.what} {self.folder} is in use by {who}; wait for that run to end or choose another folder"
             ) from None
         previous = _read_holder(fd)
-        if (
-            previous is not None
-            and previous.host != socket.gethostname()
-            and not self.break_lock
-        ):
+        if previous is not None and previous.host != socket.gethostname() and not self.break_lock:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             raise RunDirError(
@@ -230,9 +220,7 @@ def ensure_writable_dir(folder: str | Path, what: str = "output folder") -> Path
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".coordrl-write-check-"):
             pass
     except OSError as e:
-        where = (
-            f" ({e.filename})" if e.filename and str(e.filename) != str(folder) else ""
-        )
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(folder) else ""
         raise RunDirError(
             f"{what} {folder} cannot be written: {e.strerror or e}{where}; choose a writable folder"
         ) from None

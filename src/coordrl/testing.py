@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 
 
-def scripted_trainer_class(base: type, rounds: int | Callable[[int], int], query: str = "Who directed the film?", call: dict | None = None) -> type:
+def scripted_trainer_class(
+    base: type, rounds: int | Callable[[int], int], query: str = "Who directed the film?", call: dict | None = None
+) -> type:
     """A trainer class whose generator is scripted: each rollout makes ``rounds`` tool calls
     (``rounds(rank)`` when callable, so ranks can differ), then answers ``<answer>unknown</answer>``.
     The call is ``query_agents`` with ``query``, or ``call`` (``{"name": ..., "arguments": ...}``) when given.

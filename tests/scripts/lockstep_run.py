@@ -34,7 +34,18 @@ class CollectiveGeneration(Scripted):
 root = Path(__file__).resolve().parents[2]
 cfg = load_config(
     root / "configs" / "tiny_cpu.yaml",
-    {"output_dir": str(out / "run"), "max_steps": "2", "eval_strategy": "no", "eval_data": "null", "report_to": "none", "save_strategy": "no", "traces": "false", "per_device_train_batch_size": "2", "num_generations": "4", **({"lockstep": "false"} if os.environ.get("LOCKSTEP_OFF") else {})},
+    {
+        "output_dir": str(out / "run"),
+        "max_steps": "2",
+        "eval_strategy": "no",
+        "eval_data": "null",
+        "report_to": "none",
+        "save_strategy": "no",
+        "traces": "false",
+        "per_device_train_batch_size": "2",
+        "num_generations": "4",
+        **({"lockstep": "false"} if os.environ.get("LOCKSTEP_OFF") else {}),
+    },
 )
 trainer = build_trainer(cfg, trainer_cls=CollectiveGeneration)
 trainer.train()

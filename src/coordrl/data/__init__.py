@@ -8,19 +8,19 @@ from coordrl.data.pack import PackSpec, Placement, pack_sample
 from coordrl.data.records import QARecord, load_records
 
 __all__ = [
+    "BadRecordError",
     "BuildConfig",
+    "Chunk",
+    "DataError",
+    "PackSpec",
+    "Paragraph",
+    "Placement",
+    "QARecord",
     "SweepConfig",
     "build_dataset",
     "build_sweep",
-    "Chunk",
     "chunk_context",
-    "BadRecordError",
-    "DataError",
-    "Paragraph",
-    "render_context",
-    "PackSpec",
-    "Placement",
-    "pack_sample",
-    "QARecord",
     "load_records",
+    "pack_sample",
+    "render_context",
 ]

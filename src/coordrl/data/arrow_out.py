@@ -34,7 +34,14 @@ class DiskDatasetWriter:
         batch_bytes: approximate bytes buffered before an Arrow batch is flushed (default 32 MiB).
     """
 
-    def __init__(self, folder: Path, features: Features, fingerprint: str, shard_bytes: int = SHARD_BYTES, batch_bytes: int = BATCH_BYTES) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        features: Features,
+        fingerprint: str,
+        shard_bytes: int = SHARD_BYTES,
+        batch_bytes: int = BATCH_BYTES,
+    ) -> None:
         self.folder = Path(folder)
         self.features = features
         self.fingerprint = fingerprint
@@ -82,7 +89,9 @@ class DiskDatasetWriter:
             names.append(final.name)
         splits = SplitDict()
         splits.add(SplitInfo(name="train", num_bytes=self.num_bytes, num_examples=self.num_examples))
-        DatasetInfo(features=self.features, splits=splits, dataset_size=self.num_bytes, size_in_bytes=self.num_bytes).write_to_directory(str(self.folder))
+        DatasetInfo(
+            features=self.features, splits=splits, dataset_size=self.num_bytes, size_in_bytes=self.num_bytes
+        ).write_to_directory(str(self.folder))
         state = {
             "_data_files": [{"filename": name} for name in names],
             "_fingerprint": self.fingerprint,

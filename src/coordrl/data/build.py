@@ -167,7 +167,9 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
     try:
         partial.mkdir(parents=True)
     except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
-        raise DataError(f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder") from None
+        raise DataError(
+            f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder"
+        ) from None
     return partial
 
 
@@ -184,7 +186,9 @@ def _file_pool(spec: str, tokenizer: str | None, on_bad: str) -> tuple[Paragraph
     return pool, cached_counter(tokenizer).paragraph_costs(pool.paragraphs)
 
 
-def _load_inputs(source: str, dataset: str, pool_spec: str, tokenizer: str | None, on_bad: str) -> tuple[Inputs, LoadReport]:
+def _load_inputs(
+    source: str, dataset: str, pool_spec: str, tokenizer: str | None, on_bad: str
+) -> tuple[Inputs, LoadReport]:
     records, report = load_records(source, dataset, on_bad)
     counter = cached_counter(tokenizer)
     if pool_spec == "split":
@@ -211,11 +215,15 @@ def _check_fit(inputs: Inputs, report: LoadReport, spec: PackSpec, on_bad: str, 
         rec = inputs.records[i]
         try:
             if spec.num_paragraphs is not None and len(rec.paragraphs) > spec.num_paragraphs:
-                raise BadRecordError(rec.id, "too_many_paragraphs", f"{len(rec.paragraphs)} paragraphs > N={spec.num_paragraphs}")
+                raise BadRecordError(
+                    rec.id, "too_many_paragraphs", f"{len(rec.paragraphs)} paragraphs > N={spec.num_paragraphs}"
+                )
             if spec.max_tokens is not None:
                 own = inputs.counter.headers_total(len(rec.paragraphs)) + sum(inputs.record_costs[i])
                 if own > spec.max_tokens:
-                    raise BadRecordError(rec.id, "over_budget", f"its own paragraphs take {own} tokens > {spec.max_tokens}")
+                    raise BadRecordError(
+                        rec.id, "over_budget", f"its own paragraphs take {own} tokens > {spec.max_tokens}"
+                    )
         except BadRecordError as err:
             if on_bad == "error":
                 raise
@@ -247,7 +255,9 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
     """Build a training set (PARSER recipe) into ``out``. Returns the statistics written to the card."""
     global _INPUTS, _SEED
     out = Path(out)
-    spec = PackSpec(num_paragraphs=None if cfg.max_tokens else cfg.num_paragraphs, max_tokens=cfg.max_tokens, shuffle=cfg.shuffle)
+    spec = PackSpec(
+        num_paragraphs=None if cfg.max_tokens else cfg.num_paragraphs, max_tokens=cfg.max_tokens, shuffle=cfg.shuffle
+    )
     inputs, report = _load_inputs(cfg.source, cfg.dataset, cfg.pool, cfg.tokenizer, cfg.on_bad_record)
     usable = _check_fit(inputs, report, spec, cfg.on_bad_record, range(len(inputs.records)))
     n = cfg.num_samples if cfg.num_samples is not None else len(usable)
@@ -274,9 +284,13 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
     }
     _INPUTS, _SEED = inputs, cfg.seed
     try:
-        stats = _write_subset(subset, cfg.workers, cfg.jsonl, _fingerprint(recipe | {"source": cfg.source, "pool": cfg.pool}))
+        stats = _write_subset(
+            subset, cfg.workers, cfg.jsonl, _fingerprint(recipe | {"source": cfg.source, "pool": cfg.pool})
+        )
         load = _load_summary(report, inputs, cfg.dataset)
-        (partial / "build.json").write_text(json.dumps({"recipe": recipe, "source": load, "stats": stats}, indent=2, default=str) + "\n")
+        (partial / "build.json").write_text(
+            json.dumps({"recipe": recipe, "source": load, "stats": stats}, indent=2, default=str) + "\n"
+        )
         (partial / "README.md").write_text(render_card("coordrl training set", recipe, load, [("train", stats)]))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -322,7 +336,9 @@ def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
     placements = parse_controls(cfg.controls, cfg.control_length)
     inputs, report = _load_inputs(cfg.source, cfg.dataset, cfg.pool, cfg.tokenizer, cfg.on_bad_record)
     shortest = min(lengths + ([cfg.control_length] if placements else []))
-    usable = _check_fit(inputs, report, PackSpec(num_paragraphs=shortest), cfg.on_bad_record, range(len(inputs.records)))
+    usable = _check_fit(
+        inputs, report, PackSpec(num_paragraphs=shortest), cfg.on_bad_record, range(len(inputs.records))
+    )
     if cfg.questions > len(usable):
         raise DataError(f"--questions {cfg.questions} but only {len(usable)} usable records in {cfg.source}")
     chosen = sorted(sample_rng(cfg.seed, "sweep-questions", 0).sample(usable, cfg.questions))

@@ -73,7 +73,9 @@ def _stats_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return lines
 
 
-def render_card(title: str, recipe: dict[str, Any], load: dict[str, Any], subsets: list[tuple[str, dict[str, Any]]]) -> str:
+def render_card(
+    title: str, recipe: dict[str, Any], load: dict[str, Any], subsets: list[tuple[str, dict[str, Any]]]
+) -> str:
     """Markdown card. Holds nothing that depends on the machine, the clock or the worker count."""
     lines = [f"# {title}", "", "Built by coordrl. Load with `datasets.load_from_disk(<folder>)`.", "", "## Recipe", ""]
     lines += [f"- {k}: `{v}`" for k, v in recipe.items()]

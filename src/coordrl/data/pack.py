@@ -169,7 +169,9 @@ def pack_sample(
 
     paragraphs: list[Paragraph] = [it[0] for it in ordered]
     context, offsets = render_context(paragraphs)
-    num_tokens = counter.context_tokens(paragraphs, [it[1] for it in ordered]) if counter.additive else counter.count(context)
+    num_tokens = (
+        counter.context_tokens(paragraphs, [it[1] for it in ordered]) if counter.additive else counter.count(context)
+    )
     doc_of = {p.title: i for i, p in enumerate(paragraphs, start=1) if p.title in gold_set}
     return {
         "id": sample_id,

@@ -96,7 +96,9 @@ def _pool_entry(obj: object, where: str) -> tuple[Paragraph, list[str]]:
     return Paragraph(title, body), [str(g) for g in gold_for]
 
 
-def _build(entries: Iterable[tuple[Paragraph, list[str]]], source: str, skipped: Counter | None = None) -> ParagraphPool:
+def _build(
+    entries: Iterable[tuple[Paragraph, list[str]]], source: str, skipped: Counter | None = None
+) -> ParagraphPool:
     index: dict[Paragraph, int] = {}
     paragraphs: list[Paragraph] = []
     gold_for: dict[str, list[int]] = {}
@@ -125,11 +127,13 @@ def load_pool(spec: str, records: Sequence[QARecord] = (), on_bad_record: str = 
         on_bad_record: ``skip`` counts malformed pool lines instead of raising.
     """
     if spec == "split":
+
         def split_entries():
             for rec in records:
                 golds = set(rec.gold_titles)
                 for p in rec.paragraphs:
                     yield p, ([rec.id] if p.title in golds else [])
+
         return _build(split_entries(), "split")
     path = shipped_path("pool") if spec == "sample" else Path(spec)
     if not path.exists():

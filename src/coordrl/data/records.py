@@ -174,7 +174,9 @@ def _supporting_pairs(sf: Any) -> list[tuple[str, int]]:
 def parse_record(raw: Any, dataset: str, position: int, source: str = "") -> QARecord:
     """Validate one raw record. Raises `BadRecordError` naming the record and the problem."""
     if not isinstance(raw, Mapping):
-        raise BadRecordError(f"#{position}", "not_an_object", f"expected a JSON object, got {type(raw).__name__}", source)
+        raise BadRecordError(
+            f"#{position}", "not_an_object", f"expected a JSON object, got {type(raw).__name__}", source
+        )
     rid = raw.get("_id", raw.get("id"))
     if not isinstance(rid, str) or not rid:
         raise BadRecordError(f"#{position}", "missing_field", "no '_id'/'id' string", source)
@@ -247,7 +249,9 @@ def load_records(
         try:
             rec = parse_record(item, dataset, position, spec)
             if rec.id in seen:
-                raise BadRecordError(rec.id, "duplicate_id", f"id already used by an earlier record (#{position})", spec)
+                raise BadRecordError(
+                    rec.id, "duplicate_id", f"id already used by an earlier record (#{position})", spec
+                )
         except BadRecordError as err:
             if on_bad_record == "error":
                 raise

@@ -31,6 +31,7 @@ Qwen3 chat template.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ from typing import Any
 
 from coordrl.data.layout import Paragraph, render_context
 
-ONSETS = "b d f g k l m n p r s t v z".split()
-VOWELS = "a e i o u".split()
+ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z"]
+VOWELS = ["a", "e", "i", "o", "u"]
 CODAS = ["", "", "n", "r", "l"]
 
 N_PEOPLE = 160
@@ -140,7 +141,9 @@ def film_doc(film: str, director: str, city: str) -> Paragraph:
 
 
 def person_doc(person: str, city: str, decade: int, org: str) -> Paragraph:
-    return Paragraph(person, f"{person} was born in the city of {city}. {decade_sentence(person, decade)} {person} worked for {org}.")
+    return Paragraph(
+        person, f"{person} was born in the city of {city}. {decade_sentence(person, decade)} {person} worked for {org}."
+    )
 
 
 def org_doc(org: str, city: str) -> Paragraph:
@@ -178,7 +181,9 @@ def _person_facts(rng: random.Random, world: World, person: str, used_decades: s
     return rng.choice(world.cities), decade, rng.choice(world.orgs)
 
 
-def _distractors(rng: random.Random, world: World, avoid: set[str], used_decades: set[int], n_people: int, n_films: int, n_orgs: int) -> list[Paragraph]:
+def _distractors(
+    rng: random.Random, world: World, avoid: set[str], used_decades: set[int], n_people: int, n_films: int, n_orgs: int
+) -> list[Paragraph]:
     docs: list[Paragraph] = []
     people = [p for p in world.people if p not in avoid]
     films = [f for f in world.films if f not in avoid]
@@ -192,7 +197,9 @@ def _distractors(rng: random.Random, world: World, avoid: set[str], used_decades
     return docs
 
 
-def make_question(rng: random.Random, world: World, qtype: str, n_docs: int | None = None) -> tuple[dict[str, Any], tuple]:
+def make_question(
+    rng: random.Random, world: World, qtype: str, n_docs: int | None = None
+) -> tuple[dict[str, Any], tuple]:
     """One question with its own chain and document; returns ``(row_without_id, chain_key)``.
 
     ``n_docs``: pad the document with `filler_docs` to this many documents (default: the question's
@@ -240,8 +247,11 @@ def make_question(rng: random.Random, world: World, qtype: str, n_docs: int | No
     context, offsets = render_context(paragraphs)
     # Readers get whole documents (DOCS_PER_CHUNK per reader), so no fact is ever cut in half.
     bounds = offsets[::DOCS_PER_CHUNK] + [len(context)]
-    chunks = [context[a:b].rstrip("\n") for a, b in zip(bounds, bounds[1:])]
-    chunk_documents = [list(range(i * DOCS_PER_CHUNK + 1, min((i + 1) * DOCS_PER_CHUNK, len(paragraphs)) + 1)) for i in range(len(chunks))]
+    chunks = [context[a:b].rstrip("\n") for a, b in itertools.pairwise(bounds)]
+    chunk_documents = [
+        list(range(i * DOCS_PER_CHUNK + 1, min((i + 1) * DOCS_PER_CHUNK, len(paragraphs)) + 1))
+        for i in range(len(chunks))
+    ]
     row = {
         "question": question,
         "answers": answers,
@@ -256,7 +266,9 @@ def make_question(rng: random.Random, world: World, qtype: str, n_docs: int | No
     return row, key
 
 
-def world_rows(n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world", n_docs: int | None = None) -> tuple[list[dict[str, Any]], set[tuple]]:
+def world_rows(
+    n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world", n_docs: int | None = None
+) -> tuple[list[dict[str, Any]], set[tuple]]:
     """``n`` questions, types alternating, chains unique and outside ``exclude``; ``n_docs`` pads each
     document to that many documents (the same questions at every length, see `make_question`)."""
     rng = random.Random(f"world-questions-{seed}-{prefix}")
@@ -313,7 +325,13 @@ WORLD_SYSTEM_PROMPT = (
 )
 
 # Environment settings the world runs with (configs/world_cpu.yaml uses the same values).
-WORLD_ENV = {"readers": "lexical", "lexical_threshold": 0.9, "chunk_tokens": 48, "max_turns": 3, "observation_max_tokens": 256}
+WORLD_ENV = {
+    "readers": "lexical",
+    "lexical_threshold": 0.9,
+    "chunk_tokens": 48,
+    "max_turns": 3,
+    "observation_max_tokens": 256,
+}
 
 
 def tool_call_text(queries: list[str]) -> str:
@@ -338,5 +356,3 @@ def scripted_turns(row: dict[str, Any], good: bool) -> list[str]:
     if good:
         return [tool_call_text([q_decade(p1), q_decade(p2)]), answer_text(row["answers"][0])]
     return [tool_call_text([q_decade(p1)]), answer_text(decade_text(chain["decades"][0]))]
-
-

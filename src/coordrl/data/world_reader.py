@@ -123,17 +123,37 @@ def _absent(rng: random.Random, row: dict[str, Any], chunk: str, world: World) -
     return ReaderExample(chunk, QUERIES[relation](entity), READER_UNKNOWN, "absent")
 
 
+def _is_contrast(chunk: str) -> bool:
+    """Two facts of one relation in the chunk: a reply must tell two same-shaped sentences apart."""
+    relations = [relation for relation, _ in chunk_facts(chunk)]
+    return len(relations) != len(set(relations))
+
+
 def sample_chunk(
-    rng: random.Random, rows: list[dict[str, Any]], world: World, k: int, p_positive: float, negative_mix: dict[str, float]
+    rng: random.Random,
+    rows: list[dict[str, Any]],
+    world: World,
+    k: int,
+    p_positive: float,
+    negative_mix: dict[str, float],
+    p_contrast: float = 0.0,
 ) -> list[ReaderExample]:
     """``k`` training examples about one random chunk of a random row (distinct queries where the
     chunk has enough): each a positive with probability ``p_positive`` (when the chunk has one),
     else a negative whose kind is drawn from ``negative_mix`` (weights per kind of
     :data:`NEGATIVE_KINDS`; a kind the chunk lacks falls back to ``absent``). Asking one passage
-    several queries lets training share the passage's keys/values and contrasts answer and abstention."""
-    row = rng.choice(rows)
-    index = rng.randrange(len(row["chunks"]))
-    chunk = row["chunks"][index]
+    several queries lets training share the passage's keys/values and contrasts answer and abstention.
+
+    With probability ``p_contrast`` (default 0) the chunk is drawn among those holding two facts of
+    one relation (two films, or two people), where a copied value most often comes from the wrong
+    sentence; up to 50 draws, then the last one."""
+    contrast = rng.random() < p_contrast
+    for _ in range(50 if contrast else 1):
+        row = rng.choice(rows)
+        index = rng.randrange(len(row["chunks"]))
+        chunk = row["chunks"][index]
+        if not contrast or _is_contrast(chunk):
+            break
     by_kind = chunk_examples(row, index, world)
     kinds = list(negative_mix)
     out: list[ReaderExample] = []
@@ -147,7 +167,9 @@ def sample_chunk(
     return out
 
 
-def eval_examples(rows: list[dict[str, Any]], world: World, seed: int = 0, row_negatives: int = 2) -> list[ReaderExample]:
+def eval_examples(
+    rows: list[dict[str, Any]], world: World, seed: int = 0, row_negatives: int = 2
+) -> list[ReaderExample]:
     """The held-out set: for every chunk of every row, all positives, all ``hard`` negatives, up to
     ``row_negatives`` (default 2) ``row`` negatives, one ``wrong_type`` and one ``absent`` negative
     (drawn with ``seed``). About 30 examples per world question, a third of them positives."""
@@ -180,7 +202,9 @@ def score_replies(examples: list[ReaderExample], replies: list[str]) -> dict[str
     out: dict[str, Any] = {"n_positive": len(pos), "n_negative": len(neg)}
     if pos:
         out["positive_exact"] = sum(r == e.answer for e, r in pos) / len(pos)
-        out["positive_names_value"] = sum(r != READER_UNKNOWN and re.search(rf"\b{re.escape(e.value)}\b", r) is not None for e, r in pos) / len(pos)
+        out["positive_names_value"] = sum(
+            r != READER_UNKNOWN and re.search(rf"\b{re.escape(e.value)}\b", r) is not None for e, r in pos
+        ) / len(pos)
     if neg:
         out["negative_answered"] = sum(r != READER_UNKNOWN for _, r in neg) / len(neg)
         for kind in NEGATIVE_KINDS:

@@ -47,14 +47,23 @@ class ChatCodec:
     """
 
     def __init__(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        if (
+            getattr(tokenizer, "response_template", None) is None
+            and getattr(tokenizer, "response_schema", None) is None
+        ):
             tokenizer = add_response_schema(tokenizer)
         self.tokenizer = tokenizer
-        self.chat_template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+        self.chat_template = (
+            None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+        )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         # The attributes GRPOTrainer._get_tool_suffix_ids reads from the trainer.
         self._trl_view = SimpleNamespace(
-            processing_class=tokenizer, _tokenizer=tokenizer, chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, _is_vlm=False
+            processing_class=tokenizer,
+            _tokenizer=tokenizer,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+            _is_vlm=False,
         )
 
     @property
@@ -83,7 +92,9 @@ class ChatCodec:
         """Ids appended after an assistant turn's tool results, up to the next generation prompt."""
         return GRPOTrainer._get_tool_suffix_ids(self._trl_view, list(tool_messages))
 
-    def parse(self, completion_ids: Sequence[int], prefix_ids: Sequence[int], tools: Sequence[Callable[..., Any]] | None) -> dict[str, Any]:
+    def parse(
+        self, completion_ids: Sequence[int], prefix_ids: Sequence[int], tools: Sequence[Callable[..., Any]] | None
+    ) -> dict[str, Any]:
         """One assistant turn's ids -> ``{"role": "assistant", "content", ["tool_calls"]}`` (TRL's parser).
 
         A turn whose tool-call JSON nests deeper than `coordrl.envs.tool_input.MAX_TOOL_CALL_DEPTH`

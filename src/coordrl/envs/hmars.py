@@ -188,11 +188,21 @@ class _Backends:
 
     def __init__(self, config: HmarsEnvConfig) -> None:
         c = config
-        common = {"max_concurrency": c.backend_concurrency, "timeout_s": c.backend_timeout_s, "max_retries": c.backend_retries}
+        common = {
+            "max_concurrency": c.backend_concurrency,
+            "timeout_s": c.backend_timeout_s,
+            "max_retries": c.backend_retries,
+        }
         self.config = config
-        self.writer = make_chat_endpoint(c.writer, c.writer_model, c.writer_api_key_env, max_tokens=c.writer_max_tokens, **common)
-        self.selector = make_chat_endpoint(c.selector, c.selector_model, c.selector_api_key_env, max_tokens=c.selector_max_tokens, **common)
-        self.answerer = make_chat_endpoint(c.answerer, c.answerer_model, c.answerer_api_key_env, max_tokens=c.answerer_max_tokens, **common)
+        self.writer = make_chat_endpoint(
+            c.writer, c.writer_model, c.writer_api_key_env, max_tokens=c.writer_max_tokens, **common
+        )
+        self.selector = make_chat_endpoint(
+            c.selector, c.selector_model, c.selector_api_key_env, max_tokens=c.selector_max_tokens, **common
+        )
+        self.answerer = make_chat_endpoint(
+            c.answerer, c.answerer_model, c.answerer_api_key_env, max_tokens=c.answerer_max_tokens, **common
+        )
         self.lexical = LexicalReader(threshold=0.0)
 
     # -- selection ---------------------------------------------------------------------------------
@@ -207,7 +217,9 @@ class _Backends:
             key = f"hmars-page:{page.index}:{page.char_start}:{len(page.text)}"
             best = max((self.lexical.score(q, page.text, key)[0] for q in parts if q.strip()), default=0.0)
             scored.append((best, page.index))
-        kept = sorted((s for s in scored if s[0] >= c.lexical_select_threshold and s[0] > 0), key=lambda s: (-s[0], s[1]))[: c.pages_per_subagent]
+        kept = sorted(
+            (s for s in scored if s[0] >= c.lexical_select_threshold and s[0] > 0), key=lambda s: (-s[0], s[1])
+        )[: c.pages_per_subagent]
         return _Selection(pages[0].subagent if pages else -1, [p for _, p in kept], {p: round(s, 4) for s, p in kept})
 
     def _parse_selection(self, text: str, allowed: set[int]) -> tuple[list[int], dict[int, float]] | None:
@@ -216,19 +228,30 @@ class _Backends:
             return None
         chosen: dict[int, float] = {}
         for item in reply["pages"]:
-            raw, conf = (item.get("id", item.get("page")), item.get("confidence", 1.0)) if isinstance(item, dict) else (item, 1.0)
+            raw, conf = (
+                (item.get("id", item.get("page")), item.get("confidence", 1.0))
+                if isinstance(item, dict)
+                else (item, 1.0)
+            )
             pid = _page_id(raw)
             if pid in allowed and pid not in chosen:  # ids outside this sub-agent's pages are dropped
                 chosen[pid] = _confidence(conf)
         ranked = sorted(chosen, key=lambda p: (-chosen[p], p))[: self.config.pages_per_subagent]
         return ranked, {p: chosen[p] for p in ranked}
 
-    async def select(self, question: str, jobs: Sequence[tuple[int, Sequence[Page], str, str | None, str | None]]) -> list[_Selection]:
+    async def select(
+        self, question: str, jobs: Sequence[tuple[int, Sequence[Page], str, str | None, str | None]]
+    ) -> list[_Selection]:
         """Every job ``(subagent, pages, card_text, interpretation, hint)`` concurrently."""
         c = self.config
         if self.selector is None:
-            return [self._lexical_select(pages, [question, interp or "", hint or ""]) for _, pages, _, interp, hint in jobs]
-        convs = [selector_messages(question, card, interp, hint, [(p.index, p.text) for p in pages], c.selector_page_chars) for _, pages, card, interp, hint in jobs]
+            return [
+                self._lexical_select(pages, [question, interp or "", hint or ""]) for _, pages, _, interp, hint in jobs
+            ]
+        convs = [
+            selector_messages(question, card, interp, hint, [(p.index, p.text) for p in pages], c.selector_page_chars)
+            for _, pages, card, interp, hint in jobs
+        ]
         results = await self.selector.chat(convs, [f"sub:{j[0]}:{j[1][0].char_start if j[1] else 0}" for j in jobs])
         out = []
         for (sub, pages, _, interp, hint), res in zip(jobs, results, strict=True):
@@ -266,7 +289,11 @@ class _Backends:
             return _Answer("", ok=False, error=res.error, model_call=True)
         tagged = extract_answer(res.text)
         # A reply without the tag still answers; it is counted so a bad answer prompt shows up.
-        return _Answer(tagged if tagged is not None else " ".join(res.text.split())[:300], model_call=True, parse_failed=tagged is None)
+        return _Answer(
+            tagged if tagged is not None else " ".join(res.text.split())[:300],
+            model_call=True,
+            parse_failed=tagged is None,
+        )
 
     async def aclose(self) -> None:
         for endpoint in (self.writer, self.selector, self.answerer):
@@ -434,7 +461,9 @@ class MidAgentEnv:
         found = self._cache.get(key, context)
         if found is None:
             # Model writers talk over the shared loop's connection pool; reset itself is synchronous.
-            found = shared_loop().run(build_index(context, doc_offsets, self._tokenizer, settings, self._backends.writer, key))
+            found = shared_loop().run(
+                build_index(context, doc_offsets, self._tokenizer, settings, self._backends.writer, key)
+            )
             self._cache.put(found)
         return found
 
@@ -458,7 +487,12 @@ class MidAgentEnv:
     def _gold_in_region(self) -> float:
         if not self._gold_docs or self._index is None:
             return 0.0
-        docs = {d for s in self._region_subagents for p in self._index.subagent_pages[s] for d in self._index.pages[p].documents}
+        docs = {
+            d
+            for s in self._region_subagents
+            for p in self._index.subagent_pages[s]
+            for d in self._index.pages[p].documents
+        }
         return len(self._gold_docs & docs) / len(self._gold_docs)
 
     def _checked(self, interpretation: Any, hints: Any) -> tuple[str, dict[int, str]]:
@@ -468,38 +502,54 @@ class MidAgentEnv:
             return self._validate(interpretation, hints)
         except ToolInputError:
             raise
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            raise ToolInputError("unreadable", f"the arguments could not be read ({type(exc).__name__}); send a string and an object of strings") from None
+        except Exception as exc:
+            raise ToolInputError(
+                "unreadable",
+                f"the arguments could not be read ({type(exc).__name__}); send a string and an object of strings",
+            ) from None
 
     def _validate(self, interpretation: Any, hints: Any) -> tuple[str, dict[int, str]]:
         c = self._config
         if self._index is None:
             raise ToolInputError("not_reset", "the environment has no document; reset() was not called")
         if self._ep.broadcasts:
-            raise ToolInputError("second_broadcast", "broadcast was already called in this episode and runs once; answer from its result")
+            raise ToolInputError(
+                "second_broadcast", "broadcast was already called in this episode and runs once; answer from its result"
+            )
         if not isinstance(interpretation, str):
             raise ToolInputError("wrong_type", f"interpretation must be a string, got {type(interpretation).__name__}")
         interp = " ".join(check_text(interpretation, "interpretation").split())
         if not interp:
             raise ToolInputError("empty", "interpretation is empty; say what the question needs from this region")
         if len(interp) > c.max_interpretation_chars:
-            raise ToolInputError("too_long", f"interpretation has {len(interp)} characters; the limit is {c.max_interpretation_chars}")
+            raise ToolInputError(
+                "too_long", f"interpretation has {len(interp)} characters; the limit is {c.max_interpretation_chars}"
+            )
         if hints is None:
             hints = {}
         if not isinstance(hints, dict):
-            raise ToolInputError("wrong_type", f'hints must be an object mapping sub-agent ids to strings, e.g. {{"s0": "find X"}}, got {type(hints).__name__}')
+            raise ToolInputError(
+                "wrong_type",
+                f'hints must be an object mapping sub-agent ids to strings, e.g. {{"s0": "find X"}}, got {type(hints).__name__}',
+            )
         region = set(self._region_subagents)
         valid = ", ".join(f"s{i}" for i in sorted(region))
         by_sub: dict[int, str] = {}
         for raw_key, value in hints.items():
             # Ids are strings in JSON; direct callers may pass small ints. Nothing else is printed:
             # str() of a huge int raises, and of an arbitrary object may.
-            key = str(raw_key) if isinstance(raw_key, int) and not isinstance(raw_key, bool) and abs(raw_key) < 10**6 else raw_key
+            key = (
+                str(raw_key)
+                if isinstance(raw_key, int) and not isinstance(raw_key, bool) and abs(raw_key) < 10**6
+                else raw_key
+            )
             key = check_text(key, "a sub-agent id") if isinstance(key, str) else None
             match = _SUB_ID.match(key) if key is not None else None
             if match is None or int(match.group(1)) not in region:
                 shown = repr(key[:40]) if key is not None else f"of type {type(raw_key).__name__}"
-                raise ToolInputError("unknown_subagent", f"unknown sub-agent id {shown}; this region's sub-agents are {valid}")
+                raise ToolInputError(
+                    "unknown_subagent", f"unknown sub-agent id {shown}; this region's sub-agents are {valid}"
+                )
             sub = int(match.group(1))
             if not isinstance(value, str):
                 raise ToolInputError("wrong_type", f"the hint for s{sub} must be a string, got {type(value).__name__}")
@@ -507,7 +557,9 @@ class MidAgentEnv:
                 raise ToolInputError("duplicate", f"two hints for s{sub}")
             hint = " ".join(check_text(value, f"the hint for s{sub}").split())
             if len(hint) > c.max_hint_chars:
-                raise ToolInputError("too_long", f"the hint for s{sub} has {len(hint)} characters; the limit is {c.max_hint_chars}")
+                raise ToolInputError(
+                    "too_long", f"the hint for s{sub} has {len(hint)} characters; the limit is {c.max_hint_chars}"
+                )
             if hint:  # an empty hint is a missing hint: the interpretation stands in for it
                 by_sub[sub] = hint
         return interp, by_sub
@@ -545,7 +597,9 @@ class MidAgentEnv:
 
     def _merge(self, selections: Sequence[_Selection]) -> list[Page]:
         assert self._index is not None
-        ids = sorted({p for sel in selections if sel.ok for p in sel.pages}, key=lambda p: self._index.pages[p].token_start)
+        ids = sorted(
+            {p for sel in selections if sel.ok for p in sel.pages}, key=lambda p: self._index.pages[p].token_start
+        )
         return [self._index.pages[p] for p in ids]
 
     def _count(self, messages: Sequence[dict[str, str]]) -> int:
@@ -553,7 +607,9 @@ class MidAgentEnv:
 
     async def _answer(self, pages: Sequence[Page]) -> _Answer:
         ep = self._ep
-        messages = answer_messages(self._question, [(f"page {p.index} | Documents {_span(p.documents)}", p.text) for p in pages])
+        messages = answer_messages(
+            self._question, [(f"page {p.index} | Documents {_span(p.documents)}", p.text) for p in pages]
+        )
         ep.pages = [p.index for p in pages]
         ep.evidence_tokens = sum(p.num_tokens for p in pages)
         ep.answer_prompt_tokens = self._count(messages)
@@ -569,10 +625,14 @@ class MidAgentEnv:
 
     def _observe(self, selections: Sequence[_Selection], pages: Sequence[Page], answer: _Answer | None) -> str:
         assert self._index is not None
-        lines = [f"{len(selections)} of {len(self._region_subagents)} sub-agents selected pages (mode {self._config.mode})."]
+        lines = [
+            f"{len(selections)} of {len(self._region_subagents)} sub-agents selected pages (mode {self._config.mode})."
+        ]
         for sel in selections:
             if not sel.ok:
-                lines.append(f"- s{sel.subagent}: unavailable (selector error: {sanitize_reader_text(safe_str(sel.error, 160))})")
+                lines.append(
+                    f"- s{sel.subagent}: unavailable (selector error: {sanitize_reader_text(safe_str(sel.error, 160))})"
+                )
             elif not sel.pages:
                 lines.append(f"- s{sel.subagent}: no page selected")
             else:
@@ -602,7 +662,14 @@ class MidAgentEnv:
         if c.evidence_budget_tokens > 0 and c.budget_weight:
             budget = -c.budget_weight * max(0, ep.evidence_tokens - c.evidence_budget_tokens) / c.evidence_budget_tokens
         recall_term = c.recall_weight * recall
-        return {"reward": em + recall_term + budget, "em": em, "f1": f1, "recall": recall, "recall_term": recall_term, "budget_term": budget}
+        return {
+            "reward": em + recall_term + budget,
+            "em": em,
+            "f1": f1,
+            "recall": recall,
+            "recall_term": recall_term,
+            "budget_term": budget,
+        }
 
 
 def _page_id(raw: Any) -> int | None:
@@ -699,7 +766,9 @@ class MultiRegionResult:
     evidence_tokens: int
     answer_prompt_tokens: int
     model_calls: int
-    regions: list[dict[str, Any]]  # per region: region, subagents, pages, error, tool_errors, backend_errors (+ messages, info)
+    regions: list[
+        dict[str, Any]
+    ]  # per region: region, subagents, pages, error, tool_errors, backend_errors (+ messages, info)
     info: dict[str, Any] = field(default_factory=dict)
     evidence: list[dict[str, Any]] = field(default_factory=list)
 
@@ -801,7 +870,7 @@ async def run_all_regions(
         out: dict[str, Any] = {"region": k, "subagents": env._region_subagents, "pages": [], "error": None}
         try:
             text = await policy_fn(messages)
-        except Exception as exc:  # noqa: BLE001 - a failed policy call loses one region's evidence, not the question
+        except Exception as exc:
             out["error"] = f"policy failed: {type(exc).__name__}: {exc}"
             return out
         args = parse_fn(text)
@@ -832,7 +901,9 @@ class _RegionMidAgent(MidAgentEnv):
     token sequence the policy was trained on.
     """
 
-    def __init__(self, config: HmarsEnvConfig, backends: _Backends, tokenizer, index_cache: IndexCache, region: int) -> None:
+    def __init__(
+        self, config: HmarsEnvConfig, backends: _Backends, tokenizer, index_cache: IndexCache, region: int
+    ) -> None:
         super().__init__(config, backends, tokenizer, index_cache)
         self._region_k = region
 
@@ -916,13 +987,17 @@ def answer_all_regions(
                 if env._ep.broadcasts:  # selection done: the answer comes once, from all regions
                     break
                 if step.terminated or step.truncated:
-                    out["error"] = "no broadcast: the policy " + ("replied without a tool call" if step.terminated else "ran out of tool rounds")
+                    out["error"] = "no broadcast: the policy " + (
+                        "replied without a tool call" if step.terminated else "ran out of tool rounds"
+                    )
                     break
-        except Exception as exc:  # noqa: BLE001 - a failed policy call loses one region's evidence, not the question
+        except Exception as exc:
             out["error"] = f"policy failed: {type(exc).__name__}: {exc}"
         out["pages"] = list(env._ep.pages)
         out["messages"] = step_env.messages
-        out["info"] = {k2: step_env.info[k2] for k2 in ("tool_rounds", "tool_failures", "assistant_turns", "completion_tokens")}
+        out["info"] = {
+            k2: step_env.info[k2] for k2 in ("tool_rounds", "tool_failures", "assistant_turns", "completion_tokens")
+        }
         return out, env
 
     workers = max(1, min(k_regions, concurrency or k_regions))

@@ -130,7 +130,12 @@ class IndexSettings:
 def index_key(context: str, doc_offsets: Sequence[int] | None, settings: IndexSettings) -> str:
     """sha256 over (index version, content, Document offsets, writer model, settings)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"v": INDEX_VERSION, "settings": settings.key_fields(), "doc_offsets": list(doc_offsets or ())}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {"v": INDEX_VERSION, "settings": settings.key_fields(), "doc_offsets": list(doc_offsets or ())},
+            sort_keys=True,
+        ).encode()
+    )
     h.update(b"\0")
     h.update(context.encode("utf-8"))
     return h.hexdigest()
@@ -214,7 +219,8 @@ class DocumentIndex:
             "settings": self.settings,
             "num_tokens": self.num_tokens,
             "pages": [
-                {k: v for k, v in asdict(p).items() if k != "text"} | {"documents": list(p.documents)} for p in self.pages
+                {k: v for k, v in asdict(p).items() if k != "text"} | {"documents": list(p.documents)}
+                for p in self.pages
             ],
             "subagent_pages": self.subagent_pages,
             "cards": [asdict(c) for c in self.cards],
@@ -226,7 +232,10 @@ class DocumentIndex:
     def from_json(cls, data: dict[str, Any], context: str) -> DocumentIndex:
         if data.get("version") != INDEX_VERSION:
             raise DataError(f"index version {data.get('version')} != {INDEX_VERSION}")
-        pages = [Page(text=context[p["char_start"] : p["char_end"]], **{**p, "documents": tuple(p["documents"])}) for p in data["pages"]]
+        pages = [
+            Page(text=context[p["char_start"] : p["char_end"]], **{**p, "documents": tuple(p["documents"])})
+            for p in data["pages"]
+        ]
         if pages and pages[-1].char_end != len(context):
             raise DataError("cached index does not match the context (length differs)")
         return cls(
@@ -266,11 +275,16 @@ class DocumentIndex:
 # -- partitioning ---------------------------------------------------------------------------------
 
 
-def partition(context: str, doc_offsets: Sequence[int] | None, tokenizer, settings: IndexSettings) -> tuple[list[Page], list[list[int]], int]:
+def partition(
+    context: str, doc_offsets: Sequence[int] | None, tokenizer, settings: IndexSettings
+) -> tuple[list[Page], list[list[int]], int]:
     """Pages (global ids, in order) and the page ids of each sub-agent, plus the document's token count."""
     chunks = chunk_context(context, tokenizer, settings.page_tokens, doc_offsets)
     per = settings.pages_per_subagent
-    pages = [Page(c.index, c.index // per, c.text, c.token_start, c.token_end, c.char_start, c.char_end, c.documents) for c in chunks]
+    pages = [
+        Page(c.index, c.index // per, c.text, c.token_start, c.token_end, c.char_start, c.char_end, c.documents)
+        for c in chunks
+    ]
     groups = [list(range(s, min(s + per, len(pages)))) for s in range(0, len(pages), per)]
     return pages, groups, chunks[-1].token_end if chunks else 0
 
@@ -278,9 +292,45 @@ def partition(context: str, doc_offsets: Sequence[int] | None, tokenizer, settin
 # -- lexical writer -------------------------------------------------------------------------------
 
 _ENTITY = re.compile(r"\b[A-Z][\w'’\-]*(?:\s+(?:of|de|von|van|the|and|&)\s+[A-Z][\w'’\-]*|\s+[A-Z][\w'’\-]*)*")
-_NOT_ENTITIES = frozenset({"document", "in", "it", "he", "she", "they", "this", "these", "the", "a", "an", "his", "her", "on", "at", "as", "after", "during", "for", "from", "its"}
+_NOT_ENTITIES = frozenset(
+    {
+        "document",
+        "in",
+        "it",
+        "he",
+        "she",
+        "they",
+        "this",
+        "these",
+        "the",
+        "a",
+        "an",
+        "his",
+        "her",
+        "on",
+        "at",
+        "as",
+        "after",
+        "during",
+        "for",
+        "from",
+        "its",
+    }
     # Dates are capitalised but say nothing about what a region holds.
-    | {"january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november", "december"}
+    | {
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+    }
     | {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
 )
 
@@ -317,13 +367,20 @@ def _titled_first_sentences(text: str) -> list[tuple[str, str]]:
     return list(seen.items())
 
 
-def lexical_card(subagent: int, pages: Sequence[Page], doc_freq: Counter, n_subagents: int, settings: IndexSettings) -> MemoryCard:
+def lexical_card(
+    subagent: int, pages: Sequence[Page], doc_freq: Counter, n_subagents: int, settings: IndexSettings
+) -> MemoryCard:
     """A deterministic card: TF-IDF keywords (IDF over the document's sub-agents, so topics say what
     is distinctive here), the most frequent capitalised entities (titles first), and a summary of
     titles with their first sentences."""
     text = "".join(p.text for p in pages)
     tf = _words(text)
-    topics = [w for w, _ in sorted(tf.items(), key=lambda kv: (-kv[1] * math.log((n_subagents + 1) / (doc_freq[kv[0]] + 0.5)), kv[0]))][: settings.card_topics]
+    topics = [
+        w
+        for w, _ in sorted(
+            tf.items(), key=lambda kv: (-kv[1] * math.log((n_subagents + 1) / (doc_freq[kv[0]] + 0.5)), kv[0])
+        )
+    ][: settings.card_topics]
     titled = _titled_first_sentences(text)
     ents = _entities(text)
     entities: list[str] = []
@@ -344,11 +401,20 @@ def lexical_card(subagent: int, pages: Sequence[Page], doc_freq: Counter, n_suba
     for p in pages:
         titles = [t for t, _ in _titled_first_sentences(p.text)][:4]
         words = [w for w, _ in _words(p.text).most_common(4)]
-        page_index.append({"page": p.index, "tokens": [p.token_start, p.token_end], "documents": _doc_span([p]), "gist": "; ".join(titles) or ", ".join(words)})
+        page_index.append(
+            {
+                "page": p.index,
+                "tokens": [p.token_start, p.token_end],
+                "documents": _doc_span([p]),
+                "gist": "; ".join(titles) or ", ".join(words),
+            }
+        )
     return MemoryCard(subagent, summary, topics, entities, page_index)
 
 
-def lexical_region(group: int, subagents: Sequence[int], cards: Sequence[MemoryCard], settings: IndexSettings) -> RegionalMemory:
+def lexical_region(
+    group: int, subagents: Sequence[int], cards: Sequence[MemoryCard], settings: IndexSettings
+) -> RegionalMemory:
     """Regional memory from cards: summary of the group's span and common topics, a sub-agent map,
     and cross-references = entities named on two or more sub-agents' cards."""
     submap: dict[str, dict[str, Any]] = {}
@@ -369,7 +435,9 @@ def lexical_region(group: int, subagents: Sequence[int], cards: Sequence[MemoryC
             owners.setdefault(ent, [])
             if sid not in owners[ent]:
                 owners[ent].append(sid)
-    crossref = [{"entity": e, "subagents": s} for e, s in sorted(owners.items(), key=lambda kv: -len(kv[1])) if len(s) > 1][:20]
+    crossref = [
+        {"entity": e, "subagents": s} for e, s in sorted(owners.items(), key=lambda kv: -len(kv[1])) if len(s) > 1
+    ][:20]
     all_docs = [d for s in submap.values() for d in s["documents"]]
     span = f"Documents {min(all_docs)}-{max(all_docs)}" if all_docs else "no Documents"
     summary = f"{len(subagents)} sub-agents covering {span}. Common topics: {', '.join(t for t, _ in topic_count.most_common(8))}."
@@ -384,13 +452,17 @@ class ChatEndpoint(OpenAIReaderFleet):
     pooled client, retries, backoff, replica routing and never-raise failures; each request carries
     its own messages (`ReaderRequest.chat`), which the fleet sends as they are."""
 
-    async def chat(self, conversations: Sequence[Sequence[dict[str, str]]], keys: Sequence[str] | None = None) -> list[ReaderResult]:
+    async def chat(
+        self, conversations: Sequence[Sequence[dict[str, str]]], keys: Sequence[str] | None = None
+    ) -> list[ReaderResult]:
         """One completion per conversation, concurrently, in order. ``keys`` route to replicas."""
         keys = list(keys) if keys is not None else [str(i) for i in range(len(conversations))]
         return await self.answer([ReaderRequest.chat(c, k) for c, k in zip(conversations, keys, strict=True)])
 
 
-def make_chat_endpoint(spec: str, model: str | None, api_key_env: str | None = "OPENAI_API_KEY", **options: Any) -> ChatEndpoint | None:
+def make_chat_endpoint(
+    spec: str, model: str | None, api_key_env: str | None = "OPENAI_API_KEY", **options: Any
+) -> ChatEndpoint | None:
     """None for ``lexical``; else a `ChatEndpoint` over the comma-separated URLs in ``spec``.
 
     ``options`` go to `OpenAIReaderFleet` (``max_tokens``, ``timeout_s``, ``max_retries``,
@@ -435,13 +507,23 @@ def _str_list(value: Any, limit: int) -> list[str] | None:
 def _card_from_reply(reply: dict[str, Any] | None, fallback: MemoryCard, settings: IndexSettings) -> MemoryCard | None:
     if reply is None or not isinstance(reply.get("summary"), str) or not reply["summary"].strip():
         return None
-    topics, entities = _str_list(reply.get("topics"), 2 * settings.card_topics), _str_list(reply.get("entities"), 2 * settings.card_entities)
+    topics, entities = (
+        _str_list(reply.get("topics"), 2 * settings.card_topics),
+        _str_list(reply.get("entities"), 2 * settings.card_entities),
+    )
     if topics is None or entities is None:
         return None
     gists = reply.get("page_gists") if isinstance(reply.get("page_gists"), dict) else {}
     # Page spans always come from the partition: grounding must not depend on the writer.
     page_index = [dict(p, gist=str(gists.get(str(p["page"]), p["gist"]))[:200]) for p in fallback.page_index]
-    return MemoryCard(fallback.subagent, " ".join(reply["summary"].split())[: 2 * settings.summary_chars], topics, entities, page_index, "model")
+    return MemoryCard(
+        fallback.subagent,
+        " ".join(reply["summary"].split())[: 2 * settings.summary_chars],
+        topics,
+        entities,
+        page_index,
+        "model",
+    )
 
 
 def _region_from_reply(reply: dict[str, Any] | None, fallback: RegionalMemory) -> RegionalMemory | None:
@@ -459,7 +541,14 @@ def _region_from_reply(reply: dict[str, Any] | None, fallback: RegionalMemory) -
             subs = [str(s) for s in x["subagents"] if str(s) in submap]
             if len(subs) > 1:
                 crossref.append({"entity": x["entity"][:120], "subagents": subs})
-    return RegionalMemory(fallback.group, fallback.subagents, " ".join(reply["summary"].split())[:1200], submap, crossref[:20] or fallback.crossref, "model")
+    return RegionalMemory(
+        fallback.group,
+        fallback.subagents,
+        " ".join(reply["summary"].split())[:1200],
+        submap,
+        crossref[:20] or fallback.crossref,
+        "model",
+    )
 
 
 # -- building ---------------------------------------------------------------------------------------
@@ -483,7 +572,9 @@ async def build_index(
         doc_freq.update(set(_words("".join(pages[i].text for i in ids))))
     cards = [lexical_card(s, [pages[i] for i in ids], doc_freq, len(groups), settings) for s, ids in enumerate(groups)]
     stats: dict[str, Any] = {"writer_calls": 0, "parse_failures": 0, "backend_errors": 0, "first_error": None}
-    group_ids = [list(range(g, min(g + settings.group_size, len(groups)))) for g in range(0, len(groups), settings.group_size)]
+    group_ids = [
+        list(range(g, min(g + settings.group_size, len(groups)))) for g in range(0, len(groups), settings.group_size)
+    ]
     regions = [lexical_region(k, ids, [cards[i] for i in ids], settings) for k, ids in enumerate(group_ids)]
 
     def _take(results: list[ReaderResult], fallbacks: list, convert) -> list:
@@ -502,16 +593,35 @@ async def build_index(
         return out
 
     if endpoint is not None:
-        convs = [card_writer_messages(f"s{s}", [(i, pages[i].text) for i in ids], settings.writer_input_chars) for s, ids in enumerate(groups)]
+        convs = [
+            card_writer_messages(f"s{s}", [(i, pages[i].text) for i in ids], settings.writer_input_chars)
+            for s, ids in enumerate(groups)
+        ]
         results = await endpoint.chat(convs, [f"{key or ''}:card:{s}" for s in range(len(groups))])
         cards = _take(results, cards, lambda r, fb: _card_from_reply(r, fb, settings))
         # Regions are rebuilt from the (possibly model-written) cards before the region writer runs.
         regions = [lexical_region(k, ids, [cards[i] for i in ids], settings) for k, ids in enumerate(group_ids)]
-        convs = [region_writer_messages(k, {f"s{i}": asdict(cards[i]) | {"documents": regions[k].submap[f"s{i}"]["documents"]} for i in ids}, settings.writer_input_chars) for k, ids in enumerate(group_ids)]
+        convs = [
+            region_writer_messages(
+                k,
+                {f"s{i}": asdict(cards[i]) | {"documents": regions[k].submap[f"s{i}"]["documents"]} for i in ids},
+                settings.writer_input_chars,
+            )
+            for k, ids in enumerate(group_ids)
+        ]
         results = await endpoint.chat(convs, [f"{key or ''}:region:{k}" for k in range(len(group_ids))])
         regions = _take(results, regions, _region_from_reply)
     stats["seconds"] = round(time.perf_counter() - t0, 3)
-    return DocumentIndex(key or index_key(context, doc_offsets, settings), settings.key_fields(), n_tokens, pages, groups, cards, regions, stats)
+    return DocumentIndex(
+        key or index_key(context, doc_offsets, settings),
+        settings.key_fields(),
+        n_tokens,
+        pages,
+        groups,
+        cards,
+        regions,
+        stats,
+    )
 
 
 class IndexCache:
@@ -606,8 +716,19 @@ def build_indexes(
     ds = load_built(dataset_folder)
     n = len(ds) if limit is None else min(limit, len(ds))
     cache = IndexCache(cache_dir, max_memory=0)
-    endpoint = make_chat_endpoint(settings.writer, settings.writer_model, settings.writer_api_key_env, max_tokens=settings.writer_max_tokens)
-    stats: dict[str, Any] = {"total": n, "built": 0, "cached": 0, "failed": 0, "writer_calls": 0, "parse_failures": 0, "backend_errors": 0, "first_error": None}
+    endpoint = make_chat_endpoint(
+        settings.writer, settings.writer_model, settings.writer_api_key_env, max_tokens=settings.writer_max_tokens
+    )
+    stats: dict[str, Any] = {
+        "total": n,
+        "built": 0,
+        "cached": 0,
+        "failed": 0,
+        "writer_calls": 0,
+        "parse_failures": 0,
+        "backend_errors": 0,
+        "first_error": None,
+    }
     t0 = time.perf_counter()
 
     async def run() -> None:
@@ -625,11 +746,15 @@ def build_indexes(
             seen.add(key)
             async with semaphore:
                 try:
-                    index = await build_index(row["context"], row.get("doc_offsets"), tokenizer, settings, endpoint, key)
+                    index = await build_index(
+                        row["context"], row.get("doc_offsets"), tokenizer, settings, endpoint, key
+                    )
                     await asyncio.to_thread(cache.put, index)
-                except Exception as exc:  # noqa: BLE001 - one bad document must not stop a long build; it is reported
+                except Exception as exc:
                     stats["failed"] += 1
-                    stats["first_error"] = stats["first_error"] or f"sample {row.get('id', i)!r}: {type(exc).__name__}: {exc}"
+                    stats["first_error"] = (
+                        stats["first_error"] or f"sample {row.get('id', i)!r}: {type(exc).__name__}: {exc}"
+                    )
                 else:
                     stats["built"] += 1
                     for k in ("writer_calls", "parse_failures", "backend_errors"):
@@ -679,7 +804,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 def add_index_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``coordrl index`` (HMARS pages, cards and regional memories, cached and resumable)."""
-    p = subparsers.add_parser("index", help="build HMARS indexes (pages, memory cards, regional memories) for a dataset")
+    p = subparsers.add_parser(
+        "index", help="build HMARS indexes (pages, memory cards, regional memories) for a dataset"
+    )
     p.add_argument("--data", required=True, help="dataset folder written by `coordrl data build`")
     p.add_argument("--cache", required=True, help="index cache folder (JSON files; reruns skip what is there)")
     p.add_argument("--c-sub", type=int, default=16384, help="tokens per sub-agent region (default 16384)")
@@ -687,8 +814,12 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--group-size", type=int, default=10, help="sub-agents per mid-agent (default 10)")
     p.add_argument("--writer", default="lexical", help="'lexical' or comma-separated OpenAI-compatible URLs")
     p.add_argument("--writer-model", default=None, help="model name served at the writer URLs")
-    p.add_argument("--writer-api-key-env", default="OPENAI_API_KEY", help="environment variable with the writer API key")
-    p.add_argument("--tokenizer", default=None, help="tokenizer for pages (default: shipped coordrl tokenizer; use the policy's)")
+    p.add_argument(
+        "--writer-api-key-env", default="OPENAI_API_KEY", help="environment variable with the writer API key"
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer for pages (default: shipped coordrl tokenizer; use the policy's)"
+    )
     p.add_argument("--concurrency", type=int, default=4, help="documents in flight (default 4)")
     p.add_argument("--limit", type=int, default=None, help="index only the first N samples")
     p.add_argument("--break-lock", action="store_true", help="take over --cache's lock left by a run on another host")

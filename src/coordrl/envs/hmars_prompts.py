@@ -18,7 +18,8 @@ from typing import Any
 from coordrl.readers.prompt import sanitize_reader_text
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 
-MID_AGENT_SYSTEM_PROMPT = """You are a mid-agent of a team that answers questions about a long document.
+MID_AGENT_SYSTEM_PROMPT = (
+    """You are a mid-agent of a team that answers questions about a long document.
 You cannot read the document. It is split into regions, each owned by a sub-agent (s0, s1, ...) that
 can read its own pages. You see a regional memory: a summary, a map of what each of your sub-agents
 holds (Documents, topics, entities) and cross-references between sub-agents.
@@ -29,7 +30,10 @@ Call the broadcast tool exactly once:
 - hints: one short instruction per sub-agent id, saying what that sub-agent should look for in its own
   pages. Sub-agents without a hint receive the interpretation instead; none is excluded.
 Every sub-agent then selects evidence pages, and an answer model answers from those pages.
-After the tool result, reply with the answer it reports inside """ + f"{ANSWER_OPEN}{ANSWER_CLOSE}" + """ and stop."""
+After the tool result, reply with the answer it reports inside """
+    + f"{ANSWER_OPEN}{ANSWER_CLOSE}"
+    + """ and stop."""
+)
 
 
 def hmars_user_message(question: str) -> str:
@@ -88,7 +92,9 @@ def card_writer_messages(subagent: str, pages: Sequence[tuple[int, str]], input_
 
 def region_writer_messages(group: int, cards: dict[str, dict[str, Any]], input_chars: int) -> list[dict[str, str]]:
     """Messages asking for group ``group``'s regional memory from its sub-agents' cards."""
-    slim = {sid: {k: card.get(k) for k in ("summary", "topics", "entities", "documents")} for sid, card in cards.items()}
+    slim = {
+        sid: {k: card.get(k) for k in ("summary", "topics", "entities", "documents")} for sid, card in cards.items()
+    }
     text = _clip(json.dumps(slim, ensure_ascii=False), input_chars)
     return [
         {"role": "system", "content": REGION_WRITER_SYSTEM},
@@ -118,7 +124,10 @@ def selector_messages(
 
 def answer_messages(question: str, evidence: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
     """Messages for the answer model: ``evidence`` is ``(label, page text)`` in document order."""
-    body = "\n\n".join(f"[{label}]\n{sanitize_reader_text(text)}" for label, text in evidence) or "(no evidence pages were selected)"
+    body = (
+        "\n\n".join(f"[{label}]\n{sanitize_reader_text(text)}" for label, text in evidence)
+        or "(no evidence pages were selected)"
+    )
     return [
         {"role": "system", "content": ANSWER_SYSTEM},
         {"role": "user", "content": f"Evidence:\n\n{body}\n\nQuestion: {sanitize_reader_text(question)}"},

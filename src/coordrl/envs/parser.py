@@ -22,7 +22,9 @@ from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 from coordrl.readers.loop import shared_loop
 from coordrl.readers.prompt import sanitize_reader_text
 
-TRUNCATION_MARKER = "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
+TRUNCATION_MARKER = (
+    "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
+)
 
 
 @dataclass
@@ -93,7 +95,9 @@ class ParserLeadEnv:
     ``chunk_tokens``, or precomputed ``chunks`` (list of strings) with optional ``chunk_documents``.
     """
 
-    def __init__(self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: ChunkCache | None = None) -> None:
+    def __init__(
+        self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: ChunkCache | None = None
+    ) -> None:
         self._config = config
         self._fleet = fleet
         self._tokenizer = tokenizer
@@ -143,9 +147,15 @@ class ParserLeadEnv:
         turn = len(self._stats.queries_per_turn) + 1
         try:
             clean = self._validate(queries)
-        except Exception as exc:  # noqa: BLE001 - bad input is the policy's mistake, never a crash
+        except Exception as exc:
             # Anything but a ToolInputError is an argument object that broke while being read.
-            err = exc if isinstance(exc, ToolInputError) else ToolInputError("unreadable", f"queries could not be read ({type(exc).__name__}); send a list of strings")
+            err = (
+                exc
+                if isinstance(exc, ToolInputError)
+                else ToolInputError(
+                    "unreadable", f"queries could not be read ({type(exc).__name__}); send a list of strings"
+                )
+            )
             self._stats.tool_errors[err.kind] += 1
             self._stats.queries_per_turn.append(0)
             return f"Error: {err}"
@@ -206,7 +216,9 @@ class ParserLeadEnv:
         if not self._chunks:
             raise ToolInputError("not_reset", "the environment has no document; reset() was not called")
         if isinstance(queries, str):
-            raise ToolInputError("wrong_type", 'queries must be a list of strings, e.g. {"queries": ["Who directed X?"]}, not one string')
+            raise ToolInputError(
+                "wrong_type", 'queries must be a list of strings, e.g. {"queries": ["Who directed X?"]}, not one string'
+            )
         if not isinstance(queries, (list, tuple)):
             raise ToolInputError("wrong_type", f"queries must be a list of strings, got {type(queries).__name__}")
         if not queries:
@@ -219,7 +231,9 @@ class ParserLeadEnv:
             if not q:
                 raise ToolInputError("empty", f"query {i} is empty")
             if len(q) > cfg.max_query_chars:
-                raise ToolInputError("too_long", f"query {i} has {len(q)} characters; the limit is {cfg.max_query_chars}")
+                raise ToolInputError(
+                    "too_long", f"query {i} has {len(q)} characters; the limit is {cfg.max_query_chars}"
+                )
             if q not in clean:  # an exact repeat in one call would only duplicate every finding
                 clean.append(q)
         return clean
@@ -254,13 +268,23 @@ class ParserLeadEnv:
                     continue
                 if set(chunk.documents) & self._gold:
                     s.gold_found = True
-                s.findings.append({"turn": turn, "query": query, "chunk": chunk.index, "documents": list(chunk.documents), "text": text})
+                s.findings.append(
+                    {
+                        "turn": turn,
+                        "query": query,
+                        "chunk": chunk.index,
+                        "documents": list(chunk.documents),
+                        "text": text,
+                    }
+                )
                 found.append(f"- chunk {chunk.index}: {text}")
             total_found += len(found)
             header = f'Query {qi + 1}: "{query}"'
             block_lines = [header] + (found or ["- no reader found anything for this query."])
             if down:
-                block_lines.append(f"- {len(down)} reader(s) unavailable (chunks {_ranges(down)}); their chunks were not read this round.")
+                block_lines.append(
+                    f"- {len(down)} reader(s) unavailable (chunks {_ranges(down)}); their chunks were not read this round."
+                )
             for line in block_lines:
                 cost = self._count(line) + 1
                 if line.startswith("- chunk") and (hidden or used + cost > budget):

@@ -162,7 +162,10 @@ class StepEnv:
             return self._finish(terminated=False)  # turn cap: ends on a tool call, scores 0 as in TRL
         tool_messages = [await self._call(call) for call in calls]
         suffix = self.codec.tool_suffix_ids(tool_messages)
-        if self.max_completion_tokens is not None and len(self.completion_ids) + len(suffix) > self.max_completion_tokens:
+        if (
+            self.max_completion_tokens is not None
+            and len(self.completion_ids) + len(suffix) > self.max_completion_tokens
+        ):
             return self._finish(terminated=False)  # TRL drops tool results past the budget and stops
         self.completion_ids += suffix
         self.messages += tool_messages
@@ -215,7 +218,7 @@ class StepEnv:
             result = tool(**function["arguments"])
             if inspect.isawaitable(result):
                 result = await result
-        except Exception as e:  # noqa: BLE001 - the policy's mistake goes back to it as the tool result
+        except Exception as e:
             self.tool_failures += 1
             result = {"error": safe_str(e, None)}
         content = result if isinstance(result, list) else safe_str(result, None)

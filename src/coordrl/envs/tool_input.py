@@ -70,7 +70,7 @@ def safe_str(value: Any, limit: int | None = 200) -> str:
     become U+FFFD, so the result can always be tokenized."""
     try:
         text = str(value)
-    except Exception:  # noqa: BLE001 - any failure to print gets the same placeholder
+    except Exception:
         return f"<unprintable {type(value).__name__}>"
     if not isinstance(text, str):  # a __str__ returning a str subclass that misbehaves
         return f"<unprintable {type(value).__name__}>"

@@ -76,7 +76,22 @@ __all__ = [
 BASELINES = ("prompted", "mapreduce", "fullcontext")
 EVAL_CONFIG = "eval_config.json"
 # Settings that change what an episode does: a rerun into the same --out must match them.
-_FINGERPRINT_KEYS = ("policy", "baseline", "weights", "data", "readers", "reader_model", "max_turns", "chunk_tokens", "max_new_tokens", "temperature", "seed", "context_window", "max_completion_tokens", "hmars")
+_FINGERPRINT_KEYS = (
+    "policy",
+    "baseline",
+    "weights",
+    "data",
+    "readers",
+    "reader_model",
+    "max_turns",
+    "chunk_tokens",
+    "max_new_tokens",
+    "temperature",
+    "seed",
+    "context_window",
+    "max_completion_tokens",
+    "hmars",
+)
 # HMARS evidence metrics (means over successful samples), reported beside accuracy for hmars policies.
 HMARS_METRICS = ("recall", "pages_selected", "evidence_tokens", "answer_prompt_tokens", "model_calls", "regions")
 
@@ -201,12 +216,23 @@ def discover_subsets(data: str | Path) -> list[SubsetSpec]:
 
         ds = load_built(data)
         variant = ds[0]["variant"] if len(ds) and "variant" in ds.column_names and ds[0]["variant"] else ""
-        paragraphs = statistics.median(ds["num_paragraphs"]) if "num_paragraphs" in ds.column_names and len(ds) else None
+        paragraphs = (
+            statistics.median(ds["num_paragraphs"]) if "num_paragraphs" in ds.column_names and len(ds) else None
+        )
         if variant:
             kind, _, value = variant.partition("=")
         else:
             kind, value = "length", str(int(paragraphs or 0))
-        return [SubsetSpec(data.name, variant or f"length={value}", kind, value, data, paragraphs if kind != "length" else float(value))]
+        return [
+            SubsetSpec(
+                data.name,
+                variant or f"length={value}",
+                kind,
+                value,
+                data,
+                paragraphs if kind != "length" else float(value),
+            )
+        ]
     raise DataError(f"--data {data}: neither a sweep folder (sweep.json) nor a dataset folder written by coordrl")
 
 
@@ -316,7 +342,9 @@ class _FullContextEnv:
         return []
 
 
-def fullcontext_messages(row: dict[str, Any], codec, window: int, max_new_tokens: int) -> tuple[list[dict[str, str]], dict[str, int]]:
+def fullcontext_messages(
+    row: dict[str, Any], codec, window: int, max_new_tokens: int
+) -> tuple[list[dict[str, str]], dict[str, int]]:
     """The full-context prompt of ``row``, middle-truncated so prompt + ``max_new_tokens`` fit ``window``.
 
     Returns the messages and ``{document_tokens, cut_tokens}``. The head and tail of the document
@@ -328,7 +356,10 @@ def fullcontext_messages(row: dict[str, Any], codec, window: int, max_new_tokens
     document = row["context"]
 
     def messages(doc: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": FULLCONTEXT_SYSTEM_PROMPT}, {"role": "user", "content": f"{doc}\n\nQuestion: {question}"}]
+        return [
+            {"role": "system", "content": FULLCONTEXT_SYSTEM_PROMPT},
+            {"role": "user", "content": f"{doc}\n\nQuestion: {question}"},
+        ]
 
     enc = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)
     offsets = enc["offset_mapping"]
@@ -336,7 +367,9 @@ def fullcontext_messages(row: dict[str, Any], codec, window: int, max_new_tokens
     overhead = len(codec.prompt_ids(messages(_CUT_MARKER.format(cut=n)), None))
     budget = window - max_new_tokens - overhead
     if budget < 16:
-        raise DataError(f"context window {window} leaves no room for the document (prompt overhead {overhead}, {max_new_tokens} new tokens)")
+        raise DataError(
+            f"context window {window} leaves no room for the document (prompt overhead {overhead}, {max_new_tokens} new tokens)"
+        )
     if n <= budget:
         return messages(document), {"document_tokens": n, "cut_tokens": 0}
     for _ in range(4):  # re-tokenization at the seams can add a token or two: shrink and retry
@@ -355,7 +388,9 @@ def fullcontext_messages(row: dict[str, Any], codec, window: int, max_new_tokens
 class _Runner:
     """Runs one sample end to end and turns it into a trace record."""
 
-    def __init__(self, cfg: EvalConfig, source, policy, tokenizer, env_config, window: int | None, max_new_tokens: int) -> None:
+    def __init__(
+        self, cfg: EvalConfig, source, policy, tokenizer, env_config, window: int | None, max_new_tokens: int
+    ) -> None:
         from coordrl.envs.chat import ChatCodec
 
         self.cfg = cfg
@@ -388,7 +423,13 @@ class _Runner:
                 return msgs
 
             # max_turns=0: a tool call in the only turn ends the episode unanswered.
-            return StepEnv(env, self.codec, max_turns=0, max_completion_tokens=self.cfg.max_completion_tokens, prompt_fn=fullcontext_prompt)
+            return StepEnv(
+                env,
+                self.codec,
+                max_turns=0,
+                max_completion_tokens=self.cfg.max_completion_tokens,
+                prompt_fn=fullcontext_prompt,
+            )
         turns = 1 if baseline == "mapreduce" else self.env_config.max_turns
         return StepEnv(
             self.factory(), self.codec, max_turns=turns, max_completion_tokens=self.cfg.max_completion_tokens,
@@ -416,8 +457,13 @@ class _Runner:
             env = self._step_env(row)
             actor = _MapReduce(metered) if self.cfg.baseline == "mapreduce" else metered
             episode = run_episode(env, actor, row)
-        except Exception as e:  # noqa: BLE001 - one sample's failure is recorded, never the end of the run
-            return {**base, "status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 3)}
+        except Exception as e:
+            return {
+                **base,
+                "status": "failed",
+                "error": f"{type(e).__name__}: {e}",
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
         record = episode.to_dict()
         record.update(base)
         record.update(
@@ -438,8 +484,13 @@ class _Runner:
                 self.factory, self.codec, metered, row, max_turns=self.cfg.max_turns,
                 max_completion_tokens=self.cfg.max_completion_tokens, prompt_fn=lambda r: self.source.prompt(r["question"]),
             )  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - one sample's failure is recorded, never the end of the run
-            return {**base, "status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 3)}
+        except Exception as e:
+            return {
+                **base,
+                "status": "failed",
+                "error": f"{type(e).__name__}: {e}",
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
         regions = [{k: v for k, v in r.items()} for r in result.regions]
         return {
             **base,
@@ -531,7 +582,9 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, prot
 # ---------------------------------------------------------------------------------------------------
 
 
-def _fingerprint(cfg: EvalConfig, source, weights: str | None, max_new_tokens: int, window: int | None) -> dict[str, Any]:
+def _fingerprint(
+    cfg: EvalConfig, source, weights: str | None, max_new_tokens: int, window: int | None
+) -> dict[str, Any]:
     return {
         "policy": str(Path(source.path).resolve()) if source.path and Path(source.path).exists() else source.spec,
         "baseline": cfg.baseline,
@@ -605,13 +658,20 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
     if cfg.baseline is not None and cfg.baseline not in BASELINES:
         raise DataError(f"--baseline must be one of {', '.join(BASELINES)}, got {cfg.baseline!r}")
-    if cfg.concurrency < 1 or (cfg.max_turns is not None and cfg.max_turns < 1) or cfg.chunk_tokens < 1 or (cfg.limit is not None and cfg.limit < 1):
+    if (
+        cfg.concurrency < 1
+        or (cfg.max_turns is not None and cfg.max_turns < 1)
+        or cfg.chunk_tokens < 1
+        or (cfg.limit is not None and cfg.limit < 1)
+    ):
         raise DataError("--concurrency, --max-turns, --chunk-tokens and --limit must be positive")
     subsets = discover_subsets(cfg.data)
     source = resolve_policy(cfg.policy)
     hmars = source.protocol == "hmars"
     if hmars and cfg.baseline == "mapreduce":
-        raise DataError("--baseline mapreduce is PARSER's one-round baseline; for an hmars policy compare the ablations instead (--hmars mode=no_mid)")
+        raise DataError(
+            "--baseline mapreduce is PARSER's one-round baseline; for an hmars policy compare the ablations instead (--hmars mode=no_mid)"
+        )
     cfg = replace(cfg, max_turns=source.eval_max_turns(cfg.max_turns))
     if source.kind == "scripted" and cfg.baseline:
         raise DataError(f"--baseline {cfg.baseline} needs a model policy, not 'scripted'")
@@ -619,7 +679,9 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     # For a plain model, --baseline prompted changes nothing: it already is the untrained model.
     if cfg.baseline == "prompted" and source.kind in ("checkpoint", "export"):
         if not source.base_model:
-            raise PolicyError(f"{source.spec} records no base_model; pass --policy <base model> instead of --baseline prompted")
+            raise PolicyError(
+                f"{source.spec} records no base_model; pass --policy <base model> instead of --baseline prompted"
+            )
         try:
             weights = resolve_model(source.base_model)
         except ValueError as e:  # the recorded base model is gone: one line naming it
@@ -628,7 +690,13 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         if hmars:  # reader chunks are PARSER's; HMARS regions and pages come from the recorded env
             env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars)
         else:
-            env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, max_turns=cfg.max_turns, chunk_tokens=cfg.chunk_tokens, hmars=cfg.hmars)
+            env_config = source.env_config(
+                readers=cfg.readers,
+                reader_model=cfg.reader_model,
+                max_turns=cfg.max_turns,
+                chunk_tokens=cfg.chunk_tokens,
+                hmars=cfg.hmars,
+            )
         if cfg.baseline != "fullcontext" and not hmars:
             from coordrl.readers.fleet import make_fleet
 
@@ -650,7 +718,9 @@ def _with_reader_limits(env_config, cfg: EvalConfig, hmars: bool):
     return replace(env_config, **{k: v for k, v in given.items() if v is not None and k not in fixed})
 
 
-def _evaluate_locked(cfg: EvalConfig, source, subsets: list[SubsetSpec], weights: str | None, env_config) -> dict[str, Any]:
+def _evaluate_locked(
+    cfg: EvalConfig, source, subsets: list[SubsetSpec], weights: str | None, env_config
+) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from coordrl.data.show import load_built
@@ -725,14 +795,30 @@ def _evaluate_locked(cfg: EvalConfig, source, subsets: list[SubsetSpec], weights
             close()
     pool.shutdown(wait=True)
 
-    results = _results(cfg, source, weights, label, subsets, datasets, selected, out, stats, time.perf_counter() - t_start, max_new_tokens, window, env_config)
+    results = _results(
+        cfg,
+        source,
+        weights,
+        label,
+        subsets,
+        datasets,
+        selected,
+        out,
+        stats,
+        time.perf_counter() - t_start,
+        max_new_tokens,
+        window,
+        env_config,
+    )
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "results.md").write_text(render_results_md(results), encoding="utf-8")
     plot_accuracy([results], out / "accuracy_vs_length.png")
     return results
 
 
-def _results(cfg, source, weights, label, subsets, datasets, selected, out, stats, seconds, max_new_tokens, window, env_config) -> dict[str, Any]:
+def _results(
+    cfg, source, weights, label, subsets, datasets, selected, out, stats, seconds, max_new_tokens, window, env_config
+) -> dict[str, Any]:
     rows = []
     main_records: list[dict[str, Any]] = []
     cut: list[int] = []
@@ -755,22 +841,41 @@ def _results(cfg, source, weights, label, subsets, datasets, selected, out, stat
     results: dict[str, Any] = {
         "coordrl_version": __version__,
         "label": label,
-        "policy": {"spec": source.spec, "kind": source.kind, "path": source.path, "base_model": source.base_model, "weights": weights, "url": cfg.policy_url},
+        "policy": {
+            "spec": source.spec,
+            "kind": source.kind,
+            "path": source.path,
+            "base_model": source.base_model,
+            "weights": weights,
+            "url": cfg.policy_url,
+        },
         "protocol": source.protocol,
         "baseline": cfg.baseline,
         "data": str(cfg.data),
         "settings": {
-            "readers": cfg.readers, "reader_model": cfg.reader_model, "max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens,
-            "max_new_tokens": max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed, "limit": cfg.limit,
-            "drop_failed": cfg.drop_failed, "concurrency": cfg.concurrency, "max_completion_tokens": cfg.max_completion_tokens,
-            "context_window": window, "hmars": cfg.hmars,
+            "readers": cfg.readers,
+            "reader_model": cfg.reader_model,
+            "max_turns": cfg.max_turns,
+            "chunk_tokens": cfg.chunk_tokens,
+            "max_new_tokens": max_new_tokens,
+            "temperature": cfg.temperature,
+            "seed": cfg.seed,
+            "limit": cfg.limit,
+            "drop_failed": cfg.drop_failed,
+            "concurrency": cfg.concurrency,
+            "max_completion_tokens": cfg.max_completion_tokens,
+            "context_window": window,
+            "hmars": cfg.hmars,
         },
         "env": env_config.to_dict(),
         "subsets": rows,
         "overall": overall,
         "run": {
-            "episodes_run": stats.ran, "episodes_skipped": stats.skipped, "episodes_failed": stats.failed,
-            "seconds": round(seconds, 2), "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "episodes_run": stats.ran,
+            "episodes_skipped": stats.skipped,
+            "episodes_failed": stats.failed,
+            "seconds": round(seconds, 2),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     }
     if cfg.baseline == "fullcontext":
@@ -796,9 +901,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if args.out is None:
             raise UsageError("--compare needs --out DIR for the comparison table and plot")
         compare_results(args.compare, args.out)
-        print(f"comparison of {len(args.compare)} evaluations written to {args.out} (comparison.md, comparison.json, accuracy_vs_length.png)")
+        print(
+            f"comparison of {len(args.compare)} evaluations written to {args.out} (comparison.md, comparison.json, accuracy_vs_length.png)"
+        )
         return 0
-    missing = [flag for flag, value in (("--policy", args.policy), ("--data", args.data), ("--out", args.out)) if value is None]
+    missing = [
+        flag for flag, value in (("--policy", args.policy), ("--data", args.data), ("--out", args.out)) if value is None
+    ]
     if missing:
         raise UsageError(f"coordrl eval needs {', '.join(missing)} (or --compare OUT_A OUT_B ... --out DIR)")
     cfg = EvalConfig(
@@ -813,7 +922,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     results = evaluate(cfg)
     run = results["run"]
     overall = results.get("overall") or {}
-    score = f"sub_em {100 * overall['sub_em']:.1f}, EM {100 * overall['em']:.1f}" if overall.get("sub_em") is not None else "no length subsets"
+    score = (
+        f"sub_em {100 * overall['sub_em']:.1f}, EM {100 * overall['em']:.1f}"
+        if overall.get("sub_em") is not None
+        else "no length subsets"
+    )
     print(
         f"{results['label']}: {score} over {overall.get('samples', 0)} samples; ran {run['episodes_run']}, "
         f"resumed {run['episodes_skipped']}, failed {run['episodes_failed']} -> {args.out}/results.md"
@@ -832,29 +945,76 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--policy", default=None, help="checkpoint, exported folder, model folder, hub id, or 'scripted'")
-    p.add_argument("--data", type=Path, default=None, help="a sweep folder (coordrl data sweep) or a single dataset folder")
-    p.add_argument("--out", type=Path, default=None, help="output folder (results.json, results.md, traces/, accuracy_vs_length.png)")
+    p.add_argument(
+        "--data", type=Path, default=None, help="a sweep folder (coordrl data sweep) or a single dataset folder"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (results.json, results.md, traces/, accuracy_vs_length.png)",
+    )
     p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
     p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
-    p.add_argument("--policy-url", default=None, help="OpenAI-compatible server serving the policy (vllm serve); default: in-process transformers")
-    p.add_argument("--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)")
-    p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)")
+    p.add_argument(
+        "--policy-url",
+        default=None,
+        help="OpenAI-compatible server serving the policy (vllm serve); default: in-process transformers",
+    )
+    p.add_argument(
+        "--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)"
+    )
+    p.add_argument(
+        "--max-turns",
+        type=_positive,
+        default=None,
+        help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)",
+    )
     p.add_argument("--chunk-tokens", type=_positive, default=4096, help="tokens per reader chunk (default 4096)")
     p.add_argument("--limit", type=_positive, default=None, help="first N samples of each subset (default all)")
     p.add_argument("--concurrency", type=_positive, default=4, help="episodes in flight (default 4)")
-    p.add_argument("--baseline", choices=BASELINES, default=None, help="prompted (base model, same prompt), mapreduce (one broadcast round) or fullcontext (whole document in the prompt)")
-    p.add_argument("--drop-failed", action="store_true", help="reference habit: leave failed requests out of the denominator (default: they score 0)")
+    p.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        default=None,
+        help="prompted (base model, same prompt), mapreduce (one broadcast round) or fullcontext (whole document in the prompt)",
+    )
+    p.add_argument(
+        "--drop-failed",
+        action="store_true",
+        help="reference habit: leave failed requests out of the denominator (default: they score 0)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="policy temperature (default 0: greedy)")
-    p.add_argument("--max-new-tokens", type=_positive, default=None, help="tokens per policy turn (default: training's cap, else 512)")
-    p.add_argument("--max-completion-tokens", type=_positive, default=None, help="cap on all turns and tool results of an episode (default none)")
-    p.add_argument("--context-window", type=_positive, default=None, help="fullcontext window in tokens (default: the model's)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive,
+        default=None,
+        help="tokens per policy turn (default: training's cap, else 512)",
+    )
+    p.add_argument(
+        "--max-completion-tokens",
+        type=_positive,
+        default=None,
+        help="cap on all turns and tool results of an episode (default none)",
+    )
+    p.add_argument(
+        "--context-window", type=_positive, default=None, help="fullcontext window in tokens (default: the model's)"
+    )
     p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
     p.add_argument("--label", default=None, help="name of this run in tables and plots")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL mode=no_mid")
-    p.add_argument("--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one")
+    p.add_argument(
+        "--hmars",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL mode=no_mid",
+    )
+    p.add_argument(
+        "--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one"
+    )
     p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
     add_reader_limit_flags(p)
     p.set_defaults(func=_cmd_eval)

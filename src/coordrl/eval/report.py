@@ -13,7 +13,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACCURACY_METRICS", "HMARS_COLUMNS", "columns_for", "compare_results", "load_results", "plot_accuracy", "render_comparison_md", "render_results_md"]
+__all__ = [
+    "ACCURACY_METRICS",
+    "HMARS_COLUMNS",
+    "columns_for",
+    "compare_results",
+    "load_results",
+    "plot_accuracy",
+    "render_comparison_md",
+    "render_results_md",
+]
 
 RESULTS_JSON = "results.json"
 ACCURACY_METRICS = ("sub_em", "guarded_sub_em", "em", "f1")
@@ -125,7 +134,8 @@ def render_results_md(results: dict[str, Any]) -> str:
             f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
             f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}; selector `{env.get('selector')}`, "
             f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {s['max_new_tokens']} tokens "
-            f"per policy turn, temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+            f"per policy turn, temperature {s['temperature']}, seed {s['seed']}"
+            + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
         )
         legend = (
             f"- failed requests: {failed_rule}; accuracy in % of the answer model's answer from the merged evidence; "
@@ -135,7 +145,8 @@ def render_results_md(results: dict[str, Any]) -> str:
     else:
         setup = (
             f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
-            f"temperature {s['temperature']}, seed {s['seed']}" + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+            f"temperature {s['temperature']}, seed {s['seed']}"
+            + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
         )
         legend = (
             f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
@@ -148,7 +159,11 @@ def render_results_md(results: dict[str, Any]) -> str:
         + (f", baseline **{results['baseline']}**" if results.get("baseline") else "")
         + (f", weights `{results['policy']['weights']}`" if results["policy"].get("weights") else ""),
         f"- data: `{results['data']}`"
-        + ("" if results.get("protocol") == "hmars" else f"; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else "")),
+        + (
+            ""
+            if results.get("protocol") == "hmars"
+            else f"; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else "")
+        ),
         setup,
         legend,
         "",
@@ -156,7 +171,10 @@ def render_results_md(results: dict[str, Any]) -> str:
         "",
     ]
     header = ["paragraphs", "tokens (mean)"] + [h for _, h, _ in columns]
-    rows = [[_int(r["paragraphs"]), _int(r.get("tokens_mean"))] + [f(r["metrics"].get(k)) for k, _, f in columns] for r in _length_rows(results)]
+    rows = [
+        [_int(r["paragraphs"]), _int(r.get("tokens_mean"))] + [f(r["metrics"].get(k)) for k, _, f in columns]
+        for r in _length_rows(results)
+    ]
     overall = results.get("overall")
     if overall and rows:
         rows.append(["**overall**", ""] + [f(overall.get(k)) for k, _, f in columns])
@@ -167,7 +185,13 @@ def render_results_md(results: dict[str, Any]) -> str:
         at = f" ({', '.join(str(n) for n in lengths)} paragraphs)" if lengths else ""
         lines += ["", f"## Robustness{at}", ""]
         header = ["control", "tokens (mean)"] + [h for _, h, _ in columns]
-        lines += _table(header, [[c["variant"], _int(c.get("tokens_mean"))] + [f(c["metrics"].get(k)) for k, _, f in columns] for c in controls])
+        lines += _table(
+            header,
+            [
+                [c["variant"], _int(c.get("tokens_mean"))] + [f(c["metrics"].get(k)) for k, _, f in columns]
+                for c in controls
+            ],
+        )
     if results.get("fullcontext"):
         fc = results["fullcontext"]
         lines += ["", (f"Full-context baseline: window {fc['window']:,} tokens; {fc['truncated']} of {fc['samples']} documents "
@@ -219,24 +243,49 @@ def render_comparison_md(results_list: Sequence[dict[str, Any]], names: Sequence
     """Side-by-side table of several evaluations (rows = lengths, columns = metric x policy)."""
     labels = _labels(results_list, names)
     lines = ["# Comparison", ""]
-    lines += [f"- **{lab}**: `{n}` (policy `{r['policy']['spec']}`{', baseline ' + r['baseline'] if r.get('baseline') else ''})" for lab, n, r in zip(labels, names, results_list)]
+    lines += [
+        f"- **{lab}**: `{n}` (policy `{r['policy']['spec']}`{', baseline ' + r['baseline'] if r.get('baseline') else ''})"
+        for lab, n, r in zip(labels, names, results_list)
+    ]
     header = ["paragraphs"] + [f"{_SHORT[m]}: {lab}" for m in ACCURACY_METRICS for lab in labels]
     by_len = [{r["paragraphs"]: r for r in _length_rows(res)} for res in results_list]
     lengths = sorted({p for d in by_len for p in d if p is not None})
     rows = []
     for n in lengths:
-        rows.append([_int(n)] + [_pct(d[n]["metrics"].get(m)) if n in d else "–" for m in ACCURACY_METRICS for d in by_len])
-    rows.append(["**overall**"] + [_pct((res.get("overall") or {}).get(m)) for m in ACCURACY_METRICS for res in results_list])
+        rows.append(
+            [_int(n)] + [_pct(d[n]["metrics"].get(m)) if n in d else "–" for m in ACCURACY_METRICS for d in by_len]
+        )
+    rows.append(
+        ["**overall**"] + [_pct((res.get("overall") or {}).get(m)) for m in ACCURACY_METRICS for res in results_list]
+    )
     lines += ["", "## Accuracy by length (%)", ""] + _table(header, rows)
     controls = sorted({c["variant"] for res in results_list for c in _control_rows(res)})
     if controls:
         by_var = [{c["variant"]: c for c in _control_rows(res)} for res in results_list]
-        rows = [[v] + [_pct(d[v]["metrics"].get(m)) if v in d else "–" for m in ACCURACY_METRICS for d in by_var] for v in controls]
+        rows = [
+            [v] + [_pct(d[v]["metrics"].get(m)) if v in d else "–" for m in ACCURACY_METRICS for d in by_var]
+            for v in controls
+        ]
         lines += ["", "## Robustness (%)", ""] + _table(["control"] + header[1:], rows)
-    process = [("turns", _num(2)), ("queries_per_turn", _num(2)), ("reader_calls", _num(1)), ("lead_prompt_tokens", _int), ("latency_p50_s", _num(2)), ("latency_p95_s", _num(2)), ("failed", _int)]
+    process = [
+        ("turns", _num(2)),
+        ("queries_per_turn", _num(2)),
+        ("reader_calls", _num(1)),
+        ("lead_prompt_tokens", _int),
+        ("latency_p50_s", _num(2)),
+        ("latency_p95_s", _num(2)),
+        ("failed", _int),
+    ]
     if any(r.get("protocol") == "hmars" for r in results_list):  # evidence metrics beside PARSER's process ones
-        process += [("recall", _pct), ("pages_selected", _num(1)), ("answer_prompt_tokens", _int), ("model_calls", _num(1))]
-    rows = [[lab] + [f((res.get("overall") or {}).get(k)) for k, f in process] for lab, res in zip(labels, results_list)]
+        process += [
+            ("recall", _pct),
+            ("pages_selected", _num(1)),
+            ("answer_prompt_tokens", _int),
+            ("model_calls", _num(1)),
+        ]
+    rows = [
+        [lab] + [f((res.get("overall") or {}).get(k)) for k, f in process] for lab, res in zip(labels, results_list)
+    ]
     lines += ["", "## Process (overall)", ""] + _table(["policy"] + [k for k, _ in process], rows)
     return "\n".join(lines) + "\n"
 
@@ -256,7 +305,12 @@ def compare_results(folders: Sequence[str | Path], out: str | Path) -> dict[str,
     labels = _labels(results_list, names)
     summary = {
         "runs": [
-            {"folder": n, "label": lab, "overall": r.get("overall"), "by_length": {str(s["paragraphs"]): s["metrics"] for s in _length_rows(r)}}
+            {
+                "folder": n,
+                "label": lab,
+                "overall": r.get("overall"),
+                "by_length": {str(s["paragraphs"]): s["metrics"] for s in _length_rows(r)},
+            }
             for n, lab, r in zip(names, labels, results_list)
         ]
     }

@@ -156,7 +156,9 @@ def load_policy(
     except (OSError, ValueError) as e:
         if isinstance(e, DataError):
             raise
-        raise PolicyError(f"cannot load policy {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PolicyError(
+            f"cannot load policy {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     return SerialPolicy(policy), policy.tokenizer
 
 
@@ -233,7 +235,7 @@ class Coordinator:
         self.max_document_tokens = max_document_tokens
         # Most characters one policy token can cover (`coordrl.data.tokens.max_chars_per_token`),
         # computed on first use; None: no safe bound, every document is counted exactly.
-        self._chars_per_token: float | None | object = _UNSET
+        self._chars_per_token: float | object | None = _UNSET
         self.max_completion_tokens = max_completion_tokens
         self.codec = ChatCodec(tokenizer)
         self.protocol = source.protocol
@@ -296,9 +298,19 @@ class Coordinator:
         """
         source = resolve_policy(folder)
         try:
-            env_config = source.env_config(readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars)
-            names = ("backend_timeout_s", "backend_retries") if source.protocol == "hmars" else ("reader_timeout_s", "reader_retries")
-            limits = {k: v for k, v in zip(names, (reader_timeout_s, reader_retries), strict=True) if v is not None and k not in (hmars or {})}
+            env_config = source.env_config(
+                readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars
+            )
+            names = (
+                ("backend_timeout_s", "backend_retries")
+                if source.protocol == "hmars"
+                else ("reader_timeout_s", "reader_retries")
+            )
+            limits = {
+                k: v
+                for k, v in zip(names, (reader_timeout_s, reader_retries), strict=True)
+                if v is not None and k not in (hmars or {})
+            }
             env_config = replace(env_config, **limits)
             if source.protocol != "hmars":
                 from coordrl.readers.fleet import (
@@ -354,7 +366,9 @@ class Coordinator:
         _check_unicode(text, "document")
         n_tokens = count_tokens_up_to(self.tokenizer, text, limit)
         if n_tokens > limit:
-            raise InputError(f"document has at least {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit")
+            raise InputError(
+                f"document has at least {n_tokens:,} tokens, more than the limit of {limit:,} (max_document_tokens); split it or raise the limit"
+            )
         return n_tokens
 
     def answer(self, document: str | bytes, question: str) -> Answer:
@@ -382,9 +396,19 @@ class Coordinator:
         episode = run_episode(env, self.policy, row)
         info = dict(episode.info)
         info.pop("gold_coverage", None)  # no gold evidence at inference
-        info.update(seconds=round(time.perf_counter() - t0, 3), document_tokens=n_tokens, answered=episode.prediction is not None)
+        info.update(
+            seconds=round(time.perf_counter() - t0, 3),
+            document_tokens=n_tokens,
+            answered=episode.prediction is not None,
+        )
         evidence = [
-            {"chunk": f["chunk"], "documents": list(f["documents"]), "text": f["text"], "query": f["query"], "turn": f["turn"]}
+            {
+                "chunk": f["chunk"],
+                "documents": list(f["documents"]),
+                "text": f["text"],
+                "query": f["query"],
+                "turn": f["turn"],
+            }
             for f in episode.findings
         ]
         return Answer(answer=episode.prediction, trace=episode.messages, evidence=evidence, info=info)
@@ -407,9 +431,17 @@ class Coordinator:
         info = dict(result.info)
         for key in ("reward", "em", "f1", "recall", "recall_term", "budget_term"):
             info.pop(key, None)  # no gold answer or evidence at inference
-        info.update(seconds=round(time.perf_counter() - t0, 3), document_tokens=n_tokens, answered=result.answer is not None)
+        info.update(
+            seconds=round(time.perf_counter() - t0, 3), document_tokens=n_tokens, answered=result.answer is not None
+        )
         trace = [
-            {"region": r["region"], "subagents": r["subagents"], "pages": r["pages"], "error": r["error"], "messages": r["messages"]}
+            {
+                "region": r["region"],
+                "subagents": r["subagents"],
+                "pages": r["pages"],
+                "error": r["error"],
+                "messages": r["messages"],
+            }
             for r in result.regions
         ]
         return Answer(answer=result.answer, trace=trace, evidence=result.evidence, info=info)
@@ -527,14 +559,36 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--question", required=True)
     p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
     p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
-    p.add_argument("--policy-url", default=None, help="OpenAI-compatible server serving the policy (e.g. vllm serve EXPORT); default: in-process")
-    p.add_argument("--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)")
+    p.add_argument(
+        "--policy-url",
+        default=None,
+        help="OpenAI-compatible server serving the policy (e.g. vllm serve EXPORT); default: in-process",
+    )
+    p.add_argument(
+        "--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)"
+    )
     p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
     p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds (default 12)")
     p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
-    p.add_argument("--max-new-tokens", type=_positive, default=None, help="tokens per policy turn (default: training's cap, else 512)")
-    p.add_argument("--max-document-tokens", type=_positive, default=DEFAULT_MAX_DOCUMENT_TOKENS, help="longest document accepted (default 1000000)")
-    p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE", help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive,
+        default=None,
+        help="tokens per policy turn (default: training's cap, else 512)",
+    )
+    p.add_argument(
+        "--max-document-tokens",
+        type=_positive,
+        default=DEFAULT_MAX_DOCUMENT_TOKENS,
+        help="longest document accepted (default 1000000)",
+    )
+    p.add_argument(
+        "--hmars",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL",
+    )
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
     add_reader_limit_flags(p)
     p.set_defaults(func=_cmd_answer)

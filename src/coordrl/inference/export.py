@@ -58,7 +58,14 @@ EVAL_CHUNK_TOKENS = 4096
 # vLLM flags that turn the export into an OpenAI tool-calling endpoint (Qwen family: hermes format).
 VLLM_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_PICKLE_WEIGHT_PATTERNS = ("pytorch_model*.bin", "adapter_model.bin", "model*.pt", "model*.pth", "consolidated*.pth", "*.ckpt")
+_PICKLE_WEIGHT_PATTERNS = (
+    "pytorch_model*.bin",
+    "adapter_model.bin",
+    "model*.pt",
+    "model*.pth",
+    "consolidated*.pth",
+    "*.ckpt",
+)
 
 
 class PolicyError(DataError):
@@ -114,7 +121,9 @@ class PolicySource:
     @property
     def train_max_turns(self) -> int | None:
         """The tool-round cap training used (``max_turns`` of the recorded config), when known."""
-        value = (self.meta.get("config") or {}).get("max_turns") or (self.meta.get("turn_caps") or {}).get("train_max_turns")
+        value = (self.meta.get("config") or {}).get("max_turns") or (self.meta.get("turn_caps") or {}).get(
+            "train_max_turns"
+        )
         return int(value) if value else None
 
     def eval_max_turns(self, max_turns: int | None = None) -> int:
@@ -150,7 +159,9 @@ class PolicySource:
         if self.protocol == "hmars":
             return self._hmars_config(readers, reader_model, chunk_tokens, hmars)
         if hmars:
-            raise PolicyError(f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply")
+            raise PolicyError(
+                f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply"
+            )
         from coordrl.envs.parser import ParserEnvConfig
 
         known = {f.name for f in fields(ParserEnvConfig)}
@@ -165,7 +176,9 @@ class PolicySource:
         kwargs["tokenizer"] = self.path  # chunking and budgets use the policy's own tokenizer
         return ParserEnvConfig(**kwargs)
 
-    def _hmars_config(self, readers: str | None, reader_model: str | None, chunk_tokens: int | None, overrides: dict[str, Any] | None):
+    def _hmars_config(
+        self, readers: str | None, reader_model: str | None, chunk_tokens: int | None, overrides: dict[str, Any] | None
+    ):
         from coordrl.envs.hmars import HmarsEnvConfig
 
         if (readers not in (None, "lexical")) or reader_model or chunk_tokens:
@@ -233,7 +246,9 @@ def model_weights(folder: str | Path) -> tuple[str, list[Path]]:
         if adapter.exists():
             return "adapter", [adapter]
         if (folder / "adapter_model.bin").exists():
-            raise PolicyError(f"{folder}: the LoRA adapter is a pickle file (adapter_model.bin); coordrl accepts safetensors only")
+            raise PolicyError(
+                f"{folder}: the LoRA adapter is a pickle file (adapter_model.bin); coordrl accepts safetensors only"
+            )
         raise PolicyError(f"{folder}: adapter_config.json but no adapter_model.safetensors (incomplete checkpoint)")
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -241,7 +256,9 @@ def model_weights(folder: str | Path) -> tuple[str, list[Path]]:
         shards = sorted({folder / name for name in weight_map.values()})
         missing = [p.name for p in shards if not p.exists()]
         if not shards or missing:
-            raise PolicyError(f"{folder}: incomplete checkpoint: weight shards missing ({', '.join(missing) or 'empty index'})")
+            raise PolicyError(
+                f"{folder}: incomplete checkpoint: weight shards missing ({', '.join(missing) or 'empty index'})"
+            )
         return "full", [index, *shards]
     single = folder / "model.safetensors"
     if single.exists():
@@ -319,7 +336,14 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
     if text == "scripted":
         return PolicySource(text, "scripted", None, system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict())
     if text == TINY_MODEL:
-        return PolicySource(text, "model", resolve_model(text), system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text)
+        return PolicySource(
+            text,
+            "model",
+            resolve_model(text),
+            system_prompt=LEAD_SYSTEM_PROMPT,
+            env=ParserEnvConfig().to_dict(),
+            base_model=text,
+        )
     path = Path(text)
     if path.is_dir():
         if (path / POLICY_META).exists():
@@ -360,13 +384,17 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
         if not (path / "config.json").exists():
             raise PolicyError(f"{path} is not a model folder (no config.json, {POLICY_META} or {CHECKPOINT_META})")
         model_weights(path)
-        return PolicySource(text, "model", str(path), system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text)
+        return PolicySource(
+            text, "model", str(path), system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text
+        )
     if path.exists():
         raise PolicyError(f"policy {text} is a file; pass a model folder, a hub id or 'scripted'")
     if not _HUB_ID.fullmatch(text):
         raise PolicyError(f"policy {text}: no such folder (and not a hub id of the form org/name)")
     # A hub id: transformers resolves it (from the local cache when HF_HUB_OFFLINE=1).
-    return PolicySource(text, "model", text, system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text)
+    return PolicySource(
+        text, "model", text, system_prompt=LEAD_SYSTEM_PROMPT, env=ParserEnvConfig().to_dict(), base_model=text
+    )
 
 
 def _probe_env(protocol: str = "parser") -> Any:
@@ -437,7 +465,7 @@ def _merge_adapter(src: Path, dest: Path, meta: dict[str, Any]) -> None:
         raise PolicyError(f"{src}/adapter_config.json names no base model (base_model_name_or_path)")
     try:
         base = AutoModelForCausalLM.from_pretrained(resolve_model(str(base_id)), use_safetensors=True, dtype="auto")
-    except Exception as e:  # noqa: BLE001 - any load failure is the same user-facing problem
+    except Exception as e:
         raise PolicyError(f"cannot load the adapter's base model {base_id!r}: {e}") from None
     merged = PeftModel.from_pretrained(base, str(src)).merge_and_unload()
     merged.save_pretrained(dest, safe_serialization=True)
@@ -508,7 +536,17 @@ def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[
     return {
         **common,
         "user_message_format": "Question: {question}",
-        "readers": {k: env.get(k) for k in ("readers", "reader_model", "reader_max_tokens", "lexical_threshold", "reader_timeout_s", "reader_retries")},
+        "readers": {
+            k: env.get(k)
+            for k in (
+                "readers",
+                "reader_model",
+                "reader_max_tokens",
+                "lexical_threshold",
+                "reader_timeout_s",
+                "reader_retries",
+            )
+        },
         "turn_caps": {"train_max_turns": env.get("max_turns"), "eval_max_turns": EVAL_MAX_TURNS},
         "chunk_tokens": {"train": env.get("chunk_tokens"), "eval": EVAL_CHUNK_TOKENS},
         "observation_max_tokens": env.get("observation_max_tokens"),
@@ -518,7 +556,9 @@ def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[
     }
 
 
-def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Path | None = None, overwrite: bool = False) -> Path:
+def export_policy(
+    checkpoint: str | Path, out: str | Path, *, eval_dir: str | Path | None = None, overwrite: bool = False
+) -> Path:
     """Export a complete training checkpoint to ``out`` (see the module docstring); returns ``out``.
 
     Args:
@@ -546,7 +586,9 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
     try:
         partial.mkdir(parents=True)
     except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
-        raise PolicyError(f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder") from None
+        raise PolicyError(
+            f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder"
+        ) from None
     try:
         kind, files = model_weights(src)
         if kind == "adapter":
@@ -573,12 +615,18 @@ def export_policy(checkpoint: str | Path, out: str | Path, *, eval_dir: str | Pa
         reloaded = ChatCodec(AutoTokenizer.from_pretrained(str(partial)))
         got_prompt, got_suffix = _probe_ids(reloaded, protocol)
         if reloaded.chat_template is not None or got_prompt != want_prompt or got_suffix != want_suffix:
-            raise PolicyError(f"exported chat template of {src} does not reproduce the training token ids; export aborted")
+            raise PolicyError(
+                f"exported chat template of {src} does not reproduce the training token ids; export aborted"
+            )
 
         policy_meta = _policy_meta(src, meta, template_source)
-        (partial / POLICY_META).write_text(json.dumps(policy_meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (partial / POLICY_META).write_text(
+            json.dumps(policy_meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         model_type = getattr(AutoConfig.from_pretrained(str(partial)), "model_type", "") or ""
-        card = render_model_card(out, policy_meta, model_type, results_md.read_text(encoding="utf-8") if results_md else None)
+        card = render_model_card(
+            out, policy_meta, model_type, results_md.read_text(encoding="utf-8") if results_md else None
+        )
         (partial / "README.md").write_text(card, encoding="utf-8")
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -648,13 +696,23 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
     if _is_hub_id(base):
         front.append(f"base_model: {base}")
     hmars = meta.get("protocol") == "hmars"
-    front += ["tags:", "  - coordrl", f"  - {meta.get('protocol') or 'parser'}", "  - tool-use", "  - grpo", "  - long-context", "---", ""]
+    front += [
+        "tags:",
+        "  - coordrl",
+        f"  - {meta.get('protocol') or 'parser'}",
+        "  - tool-use",
+        "  - grpo",
+        "  - long-context",
+        "---",
+        "",
+    ]
     qwen = model_type.lower().startswith("qwen")
     serve = f"vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}"
     step = meta.get("training_step")
     trained = (
         f"A coordinator policy for multi-agent long-document question answering, trained with coordrl "
-        f"{meta.get('trained_with_coordrl') or ''} (GRPO on TRL) from `{base}`" + (f", step {step}" if step is not None else "")
+        f"{meta.get('trained_with_coordrl') or ''} (GRPO on TRL) from `{base}`"
+        + (f", step {step}" if step is not None else "")
     )
     if hmars:
         about = (
@@ -679,7 +737,8 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         "- `model.safetensors` (or shards), `config.json`, `generation_config.json`: the weights (safetensors only).",
         f"- tokenizer files and `chat_template.jinja`: chat template = {meta.get('chat_template')}.",
         f"- `{POLICY_META}`: protocol, tool schemas, system prompt, answer format, "
-        + ("HMARS region, page and frozen-role settings" if hmars else "reader settings") + ", turn caps.",
+        + ("HMARS region, page and frozen-role settings" if hmars else "reader settings")
+        + ", turn caps.",
         "",
         "## Serving with vLLM",
         "",
@@ -687,19 +746,25 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         serve + ("" if qwen else "   # hermes fits Qwen-family templates; pick the parser of your model family"),
         "```",
         "",
-        ("This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
-        "`/v1/completions` with token-id prompts (exactly the training tokens):"),
+        (
+            "This is an OpenAI-compatible server with tool calling. coordrl itself talks to it through "
+            "`/v1/completions` with token-id prompts (exactly the training tokens):"
+        ),
         "",
         "```bash",
-        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000" + ("" if hmars else " --readers lexical") + " \\",
+        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000"
+        + ("" if hmars else " --readers lexical")
+        + " \\",
         "    --document doc.txt --question 'Who directed the film?'",
         "```",
         "",
         "```python",
         "from coordrl.inference.coordinator import Coordinator",
         "",
-        f'coord = Coordinator.from_pretrained("{out}", ' + ("" if hmars else 'readers="lexical", ') + 'policy_url="http://127.0.0.1:8000")',
-        "result = coord.answer(open(\"doc.txt\").read(), \"Who directed the film?\")",
+        f'coord = Coordinator.from_pretrained("{out}", '
+        + ("" if hmars else 'readers="lexical", ')
+        + 'policy_url="http://127.0.0.1:8000")',
+        'result = coord.answer(open("doc.txt").read(), "Who directed the film?")',
         "print(result.answer, result.evidence)",
         "```",
         "",
@@ -719,7 +784,9 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         "",
         "## Evaluation",
         "",
-        _shift_headings(results_md) if results_md else "No evaluation attached (run `coordrl eval` and export with `--eval DIR`).",
+        _shift_headings(results_md)
+        if results_md
+        else "No evaluation attached (run `coordrl eval` and export with `--eval DIR`).",
         "",
         "## Licence and data",
         "",
@@ -752,9 +819,17 @@ def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
             f"Serve the result with: vllm serve OUT {' '.join(VLLM_TOOL_FLAGS)}"
         ),
     )
-    p.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint-<step> or final folder written by coordrl train")
+    p.add_argument(
+        "--checkpoint", type=Path, required=True, help="a checkpoint-<step> or final folder written by coordrl train"
+    )
     p.add_argument("--out", type=Path, required=True, help="export folder (written atomically)")
-    p.add_argument("--eval", type=Path, default=None, metavar="DIR", help="a coordrl eval --out folder whose results.md goes into the model card")
+    p.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a coordrl eval --out folder whose results.md goes into the model card",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.set_defaults(func=_cmd_export)
     return p

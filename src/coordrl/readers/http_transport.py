@@ -164,9 +164,7 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
             conn.close()
         limit = self.connect_timeout_s if timeout_s is None else min(self.connect_timeout_s, timeout_s)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(key[0], key[1], limit=_HEADER_LIMIT), limit
-            )
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(key[0], key[1], limit=_HEADER_LIMIT), limit)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from exc
         except OSError as exc:

@@ -36,7 +36,9 @@ class BackgroundLoop:
         """Run ``coro`` on the loop and wait for it from synchronous code."""
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("BackgroundLoop.run called from its own thread would deadlock; await the coroutine instead")
+            raise RuntimeError(
+                "BackgroundLoop.run called from its own thread would deadlock; await the coroutine instead"
+            )
         return self.submit(coro).result(timeout)
 
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -224,7 +224,9 @@ class OpenAIReaderFleet:
         # client's per-call CPU when a broadcast fans out to thousands of readers.
         self._endpoints = [httpx.URL(u + "/v1/chat/completions") for u in self.urls]
         # Created lazily: an AsyncClient binds to the event loop that first uses it.
-        self._heads: dict[tuple[str, str], bytes] = {}  # (chunk_key, text) -> body up to the question; insertion-ordered
+        self._heads: dict[
+            tuple[str, str], bytes
+        ] = {}  # (chunk_key, text) -> body up to the question; insertion-ordered
         self._client: httpx.AsyncClient | None = None
         self._semaphore: _Slots | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -344,7 +346,11 @@ class OpenAIReaderFleet:
         tail = tails.get(request.query) if tails is not None else None
         if tail is None:
             question = sanitize_reader_text(request.query.strip())
-            rest = {"max_tokens": self.max_tokens, "temperature": self.temperature, "chat_template_kwargs": dict(READER_CHAT_TEMPLATE_KWARGS)}
+            rest = {
+                "max_tokens": self.max_tokens,
+                "temperature": self.temperature,
+                "chat_template_kwargs": dict(READER_CHAT_TEMPLATE_KWARGS),
+            }
             rest.update(self.extra_body)
             tail = (json.dumps(question)[1:] + "}]," + json.dumps(rest, separators=(",", ":"))[1:]).encode()
             if tails is not None:
@@ -419,9 +425,7 @@ class OpenAIReaderFleet:
                 text = sanitize_reader_text(text)
             return ReaderResult(text=text, latency_s=time.perf_counter() - start, attempts=attempts)
         logger.debug("reader request to %s failed after %d attempt(s): %s", endpoint, attempts, error)
-        return ReaderResult(
-            text="", ok=False, error=error, latency_s=time.perf_counter() - start, attempts=attempts
-        )
+        return ReaderResult(text="", ok=False, error=error, latency_s=time.perf_counter() - start, attempts=attempts)
 
     # -- ReaderFleet ------------------------------------------------------------------------------
 
@@ -447,7 +451,9 @@ class OpenAIReaderFleet:
         failed = [r for r in results if not r.ok]
         if failed:
             # One line per batch: an outage must not print a warning per reader.
-            logger.warning("%d of %d reader requests failed; first error: %s", len(failed), len(results), failed[0].error)
+            logger.warning(
+                "%d of %d reader requests failed; first error: %s", len(failed), len(results), failed[0].error
+            )
         return results
 
     async def health(self) -> dict[str, bool]:
@@ -490,4 +496,6 @@ def _reply_text(status: int, content: bytes, text: Callable[[], str]) -> str:
 def _decoded_text(status: int, headers: Mapping[bytes, bytes], content: bytes) -> str:
     """``content`` as text, with the charset rules of ``httpx.Response.text`` (error path only)."""
     content_type = headers.get(b"content-type")
-    return httpx.Response(status, headers={b"content-type": content_type} if content_type else None, content=content).text
+    return httpx.Response(
+        status, headers={b"content-type": content_type} if content_type else None, content=content
+    ).text

@@ -244,9 +244,7 @@ class ReaderServerGroup:
             if not pending:
                 return
             if time.monotonic() > deadline:
-                details = "\n".join(
-                    f"--- {s.name} ({s.url}), log {s.log_path}:\n{s.log_tail()}" for s in pending
-                )
+                details = "\n".join(f"--- {s.name} ({s.url}), log {s.log_path}:\n{s.log_tail()}" for s in pending)
                 names = ", ".join(s.name for s in pending)
                 raise ReaderServerError(f"reader server(s) {names} not healthy after {timeout_s:.0f}s\n{details}")
             time.sleep(poll_s)

@@ -87,7 +87,10 @@ def format_episode(ep: Episode, max_chars: int = 600) -> str:
             for call in m["tool_calls"]:
                 content += f"\n  -> {call['function']['name']}({call['function']['arguments']})"
         lines.append(f"[{role}] {content}".rstrip())
-    lines += ["", f"prediction: {ep.prediction!r}   reward: {ep.reward}   {'answered' if ep.terminated else 'no answer (truncated)'}"]
+    lines += [
+        "",
+        f"prediction: {ep.prediction!r}   reward: {ep.reward}   {'answered' if ep.terminated else 'no answer (truncated)'}",
+    ]
     info = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in ep.info.items())
     lines.append(f"info: {info}")
     return "\n".join(lines)

@@ -21,9 +21,7 @@ CHECKPOINT_META = "coordrl_train.json"
 TINY_MODEL = "coordrl:tiny-qwen3"
 
 
-WORLD_MODEL = (
-    "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world
-)
+WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world
 
 
 def cache_dir() -> Path:
@@ -47,9 +45,7 @@ def resolve_model(spec: str) -> str:
     if folder.exists():
         raise ConfigError(f"model: {spec} is a file; give a model folder or a hub id")
     if spec.startswith(("/", ".", "~")) or not _HUB_ID.fullmatch(spec):
-        raise ConfigError(
-            f"model: no such folder {spec} (and not a hub id of the form org/name)"
-        )
+        raise ConfigError(f"model: no such folder {spec} (and not a hub id of the form org/name)")
     return spec
 
 

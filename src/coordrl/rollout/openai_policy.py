@@ -181,7 +181,9 @@ class OpenAIPolicy:
         try:
             choice = data["choices"][0]
         except (KeyError, IndexError, TypeError):
-            raise PolicyRequestError(f"malformed completion reply from {self.url}: {str(data)[:_ERROR_BODY_CHARS]}") from None
+            raise PolicyRequestError(
+                f"malformed completion reply from {self.url}: {str(data)[:_ERROR_BODY_CHARS]}"
+            ) from None
         ids, source = self._completion_ids(choice)
         self.last_id_source = source
         eos = self.tokenizer.eos_token_id
@@ -203,7 +205,11 @@ class OpenAIPolicy:
         if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
             return list(ids), "token_ids"
         tokens = (choice.get("logprobs") or {}).get("tokens") if isinstance(choice.get("logprobs"), Mapping) else None
-        if isinstance(tokens, list) and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        if (
+            isinstance(tokens, list)
+            and tokens
+            and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens)
+        ):
             return [int(t.split(":", 1)[1]) for t in tokens], "logprobs"
         text = choice.get("text")
         if not isinstance(text, str):
@@ -234,7 +240,9 @@ class OpenAIPolicy:
             try:
                 return response.json()
             except ValueError:
-                raise PolicyRequestError(f"{method} {url}: reply is not JSON: {response.text[:_ERROR_BODY_CHARS]}") from None
+                raise PolicyRequestError(
+                    f"{method} {url}: reply is not JSON: {response.text[:_ERROR_BODY_CHARS]}"
+                ) from None
         raise PolicyRequestError(f"{method} {url} failed after {self.max_retries + 1} attempt(s): {error}")
 
     def close(self) -> None:

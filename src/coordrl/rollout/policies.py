@@ -51,7 +51,16 @@ class HFPolicy:
         seed: torch seed for sampling.
     """
 
-    def __init__(self, path: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        device: str | None = None,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,7 +86,11 @@ class HFPolicy:
         if budget <= 0:
             return []
         inputs = torch.tensor([list(ids)], device=self.device)
-        sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p} if self.temperature > 0 else {"do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+            if self.temperature > 0
+            else {"do_sample": False}
+        )
         with torch.no_grad():
             out = self.model.generate(
                 inputs,

@@ -76,18 +76,12 @@ def build_tiny_qwen3(
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)
     model.eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id
-    )
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # A previous build with other settings may have left weights in another format or shard layout.
-    for stale in (
-        list(out.glob("*.safetensors"))
-        + list(out.glob("*.bin"))
-        + list(out.glob("*.index.json"))
-    ):
+    for stale in list(out.glob("*.safetensors")) + list(out.glob("*.bin")) + list(out.glob("*.index.json")):
         stale.unlink()
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tokenizer, out)

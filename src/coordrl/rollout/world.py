@@ -52,8 +52,7 @@ def _corpus_texts(world: World) -> list[str]:
         texts.append(row["question"])
         texts.append(row["context"])
     qs = [bridge_question(f) for f in world.films[:20]] + [
-        comparison_question(a, b)
-        for a, b in zip(world.people[:20], world.people[20:40], strict=True)
+        comparison_question(a, b) for a, b in zip(world.people[:20], world.people[20:40], strict=True)
     ]
     texts.extend(_synthetic_tool_texts(qs, list(world.people[:40])))
     for p in world.people[:40]:
@@ -69,9 +68,7 @@ def _corpus_texts(world: World) -> list[str]:
     return texts
 
 
-def build_world_tokenizer(
-    seed: int = 0, extra_texts: list[str] | None = None, vocab_size: int = 4096
-):
+def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, vocab_size: int = 4096):
     """The world tokenizer (a ``PreTrainedTokenizerFast``); see the module docstring.
 
     Raises ValueError when some entity name is not a single leading-space token.
@@ -86,15 +83,9 @@ def build_world_tokenizer(
         split_pattern=WORLD_SPLIT_PATTERN,
         min_frequency=1,
     )
-    bad = [
-        n
-        for n in world.names
-        if len(tok(f" {n}", add_special_tokens=False)["input_ids"]) != 1
-    ]
+    bad = [n for n in world.names if len(tok(f" {n}", add_special_tokens=False)["input_ids"]) != 1]
     if bad:
-        raise ValueError(
-            f"{len(bad)} names are not single tokens (e.g. {bad[:5]}); raise vocab_size"
-        )
+        raise ValueError(f"{len(bad)} names are not single tokens (e.g. {bad[:5]}); raise vocab_size")
     return tok
 
 
@@ -108,9 +99,7 @@ def with_world_prompt(row: dict[str, Any]) -> dict[str, Any]:
 def make_env_factory(tokenizer, **overrides: Any):
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
 
-    return ParserEnvFactory(
-        ParserEnvConfig(**{**WORLD_ENV, **overrides}), tokenizer=tokenizer
-    )
+    return ParserEnvFactory(ParserEnvConfig(**{**WORLD_ENV, **overrides}), tokenizer=tokenizer)
 
 
 def demo_ids(

@@ -129,7 +129,7 @@ def _base_types(tp: Any) -> list[Any]:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Convert a YAML value or command-line string to the field's type; error names the key."""
     if isinstance(tp, str):  # postponed annotations
-        tp = eval(tp, {**vars(typing), "Any": Any, "Path": Path})  # noqa: S307 - our own annotation strings
+        tp = eval(tp, {**vars(typing), "Any": Any, "Path": Path})
     options = _base_types(tp)
     if value is None or (isinstance(value, str) and value.lower() in ("null", "~")):
         if type(None) in options or typing.Any in options:
@@ -219,7 +219,9 @@ def _check_readers(coord: CoordConfig) -> None:
     if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
         raise ConfigError(f"readers: must be 'lexical' or comma-separated http(s) URLs, got {coord.readers!r}")
     if not coord.reader_model:
-        raise ConfigError("reader_model: required when readers are server URLs; set it to the model name the reader servers serve")
+        raise ConfigError(
+            "reader_model: required when readers are server URLs; set it to the model name the reader servers serve"
+        )
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -256,7 +258,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if coord.max_turns < 1:
         raise ConfigError("max_turns: must be >= 1")
     _check_readers(coord)
-    strategy = str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()  # an IntervalStrategy prints as its value
+    strategy = (
+        str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()
+    )  # an IntervalStrategy prints as its value
     if strategy != "no" and coord.eval_data is None:
         raise ConfigError(
             f"eval_strategy: {strategy!r} needs eval_data (a dataset folder, 'sample' or 'world'); set eval_data, "

@@ -197,7 +197,7 @@ def _hub_cached_config(model_id: str) -> Path | None:
         from huggingface_hub import try_to_load_from_cache
 
         hit = try_to_load_from_cache(model_id, "config.json")
-    except Exception:  # noqa: BLE001 - any failure just means "not cached"
+    except Exception:
         return None
     return Path(hit) if isinstance(hit, str) else None
 
@@ -490,7 +490,9 @@ def _layout(cfg: TrainConfig, num_processes: int | None, gpus_per_node: int, num
     training = free[: num_processes // num_nodes]
     if generation == "vllm-colocate":
         if tp < 1 or num_processes % tp:
-            errors.append(f"vllm_tensor_parallel_size ({tp}) must divide the number of training processes ({num_processes})")
+            errors.append(
+                f"vllm_tensor_parallel_size ({tp}) must divide the number of training processes ({num_processes})"
+            )
         elif len(training) % tp:
             errors.append(f"vllm_tensor_parallel_size ({tp}) must divide the training GPUs per node ({len(training)})")
     # In TRL, these modes run collectives inside every tool round, so ranks whose rollouts
@@ -520,7 +522,9 @@ def _batch(cfg: TrainConfig, layout: Layout, errors: list[str]) -> Batch:
         gbs = b * n * spg
     elif gbs is not None and spg is None:
         if gbs % (b * n):
-            errors.append(f"generation_batch_size ({gbs}) must be divisible by the global batch size ({b} * {n} = {b * n})")
+            errors.append(
+                f"generation_batch_size ({gbs}) must be divisible by the global batch size ({b} * {n} = {b * n})"
+            )
         spg = max(gbs // (b * n), 1)
     elif gbs is None:
         gbs = b * n * spg
@@ -595,7 +599,9 @@ def _budget(cfg: TrainConfig, layout: Layout, shape: ModelShape, errors: list[st
     # vLLM's SamplingParams calls the per-turn cap max_tokens; transformers' generate calls it max_new_tokens.
     # TRL passes generation_kwargs through unchanged, so the other backend's key is either rejected
     # (vLLM: unexpected keyword) or silently ignored (transformers): both are config errors.
-    right, wrong = ("max_tokens", "max_new_tokens") if layout.generation.startswith("vllm") else ("max_new_tokens", "max_tokens")
+    right, wrong = (
+        ("max_tokens", "max_new_tokens") if layout.generation.startswith("vllm") else ("max_new_tokens", "max_tokens")
+    )
     if wrong in gen_kwargs:
         errors.append(
             f"generation_kwargs.{wrong} does not apply to {layout.generation} generation; the per-turn cap is "
@@ -656,7 +662,7 @@ def estimate_memory(cfg: TrainConfig, shape: ModelShape, layout: Layout, batch: 
     """
     g = cfg.grpo
     P, N = shape.params, layout.num_processes
-    H, L, I, V = shape.hidden, shape.layers, shape.intermediate, shape.vocab
+    H, L, I, V = shape.hidden, shape.layers, shape.intermediate, shape.vocab  # noqa: E741 (the docstring's symbols)
     B, S, C = batch.per_device_train_batch_size, budget.seq_len, budget.max_completion_length
     half = _g(g, "bf16") is not False or bool(_g(g, "fp16"))
     if layout.device == "cpu":
@@ -673,13 +679,17 @@ def estimate_memory(cfg: TrainConfig, shape: ModelShape, layout: Layout, batch: 
         persistent.append(("weights", 0.0, f"{w} B/param on CPU (ZeRO-3 offload)"))
         cpu += wb / N
     else:
-        persistent.append(("weights", per(wb, stage == 3), f"{w} B/param x P" + (" / N (ZeRO-3)" if stage == 3 else "")))
+        persistent.append(
+            ("weights", per(wb, stage == 3), f"{w} B/param x P" + (" / N (ZeRO-3)" if stage == 3 else ""))
+        )
     gb = w * P
     if stage >= 2 and off:
         persistent.append(("gradients", 0.0, "partition on CPU (offload)"))
         cpu += 4 * P / N  # DeepSpeed keeps the offloaded gradient partition in fp32
     else:
-        persistent.append(("gradients", per(gb, stage >= 2), f"{w} B/param x P" + (" / N (ZeRO-2/3)" if stage >= 2 else "")))
+        persistent.append(
+            ("gradients", per(gb, stage >= 2), f"{w} B/param x P" + (" / N (ZeRO-2/3)" if stage >= 2 else ""))
+        )
     ob = opt * P
     if stage >= 2 and off:
         persistent.append(("optimizer (AdamW)", 0.0, f"{opt} B/param on CPU (offload)"))
@@ -723,7 +733,13 @@ def estimate_memory(cfg: TrainConfig, shape: ModelShape, layout: Layout, batch: 
         full_seqs = kv_tokens / S
     elif layout.generation == "transformers":
         kv = float(shape.kv_bytes_per_token) * B * batch.steps_per_generation * S
-        gen.append(("KV cache (transformers generate)", kv, f"kv/token x B*steps_per_generation*S = {B * batch.steps_per_generation} seqs"))
+        gen.append(
+            (
+                "KV cache (transformers generate)",
+                kv,
+                f"kv/token x B*steps_per_generation*S = {B * batch.steps_per_generation} seqs",
+            )
+        )
         if stage == 3 and bool(_g(g, "ds3_gather_for_generation")):
             gen.append(("gathered weights (ZeRO-3 generate)", wb - wb / N, f"{w}*P*(1-1/N)"))
 
@@ -836,7 +852,8 @@ def format_plan(plan: Plan) -> str:
            "transformers": "transformers generate inside the training processes"}[lay.generation]  # fmt: skip
     out += [
         f"  generation    {gen}",
-        f"  sharding      " + (f"DeepSpeed ZeRO-{lay.deepspeed_stage}" if lay.deepspeed_stage else "none (DDP)")
+        "  sharding      "
+        + (f"DeepSpeed ZeRO-{lay.deepspeed_stage}" if lay.deepspeed_stage else "none (DDP)")
         + (" with CPU offload" if lay.offload else ""),
         "",
         "[batch]  (TRL 1.16 GRPOConfig arithmetic)",
@@ -844,7 +861,11 @@ def format_plan(plan: Plan) -> str:
         f" = {b.per_device_train_batch_size} x {b.num_processes} x {b.steps_per_generation} = {b.generation_batch_size}",
         f"  num_generations       {b.num_generations}  -> {b.generation_batch_size} / {b.num_generations} = "
         f"{b.prompts_per_generation} prompts per generation"
-        + ("" if b.num_generations and b.generation_batch_size % max(b.num_generations, 1) == 0 else "  (NOT DIVISIBLE)"),
+        + (
+            ""
+            if b.num_generations and b.generation_batch_size % max(b.num_generations, 1) == 0
+            else "  (NOT DIVISIBLE)"
+        ),
         f"  optimizer step        {b.per_device_train_batch_size} x {b.num_processes} x {b.gradient_accumulation_steps} "
         f"(grad accumulation) = {b.completions_per_optimizer_step} completions = {b.prompts_per_optimizer_step:g} prompts",
         f"  per generation        {b.optimizer_steps_per_generation:g} optimizer step(s) (num_iterations {b.num_iterations})",
@@ -890,11 +911,17 @@ def format_plan(plan: Plan) -> str:
         if rr.kind == "lexical":
             out.append("  readers       lexical (in process): no network timeouts")
         else:
-            names = ("backend_timeout_s", "backend_retries") if rr.kind == "hmars" else ("reader_timeout_s", "reader_retries")
+            names = (
+                ("backend_timeout_s", "backend_retries")
+                if rr.kind == "hmars"
+                else ("reader_timeout_s", "reader_retries")
+            )
             out += [
                 f"  {names[0]:<17} {rr.timeout_s:g} s per attempt;  {names[1]} {rr.retries};  backoff {rr.backoff_s:g} s doubling",
-                (f"  worst case    {rr.timeout_s:g} x ({rr.retries}+1) + {rr.backoff_s:g} x (2^{rr.retries} - 1) = "
-                 f"{rr.worst_case_s:.1f} s per round (up to {rr.concurrency} requests in flight)"),
+                (
+                    f"  worst case    {rr.timeout_s:g} x ({rr.retries}+1) + {rr.backoff_s:g} x (2^{rr.retries} - 1) = "
+                    f"{rr.worst_case_s:.1f} s per round (up to {rr.concurrency} requests in flight)"
+                ),
             ]
     if plan.warnings:
         out += ["", "[warnings]"] + [f"  - {w}" for w in plan.warnings]

@@ -34,7 +34,9 @@ class EpisodeReward:
 
     __name__ = "exact_match"
 
-    def __init__(self, trace_dir: str | Path | None = None, rank: int = 0, score: bool = True, eos_token_id: int | None = None) -> None:
+    def __init__(
+        self, trace_dir: str | Path | None = None, rank: int = 0, score: bool = True, eos_token_id: int | None = None
+    ) -> None:
         self.eos_token_id = eos_token_id
         # score=False: the environment owns the reward (TRL adds its get_reward column); this
         # function then only logs metrics and traces and returns None (ignored by TRL's nansum).
@@ -59,7 +61,11 @@ class EpisodeReward:
             rewards = exact_match_reward(completions, answers=answers, answer=columns.get("answer"))
             rewards = [0.0 if cut else r for r, cut in zip(rewards, unfinished, strict=True)]
         else:
-            rewards = [e.get_reward() if hasattr(e, "get_reward") else None for e in environments] if environments else [None] * len(completions)
+            rewards = (
+                [e.get_reward() if hasattr(e, "get_reward") else None for e in environments]
+                if environments
+                else [None] * len(completions)
+            )
         infos = [dict(getattr(e, "info", {}) or {}) for e in environments] if environments else []
         if log_metric is not None and check:
             log_metric("env/unfinished", sum(unfinished) / max(1, len(unfinished)))

@@ -47,8 +47,14 @@ def _load_policy(model_path: str, spec: str):
     except (OSError, ValueError) as e:
         if Path(model_path).is_dir():
             raise ConfigError(f"model: cannot load {model_path}: {str(e).splitlines()[0]}") from None
-        offline = " (offline: HF_HUB_OFFLINE is set, so only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
-        raise ConfigError(f"model: {spec!r} is not a local folder and could not be loaded from the hub{offline}; give a model folder") from None
+        offline = (
+            " (offline: HF_HUB_OFFLINE is set, so only the local cache is searched)"
+            if os.environ.get("HF_HUB_OFFLINE")
+            else ""
+        )
+        raise ConfigError(
+            f"model: {spec!r} is not a local folder and could not be loaded from the hub{offline}; give a model folder"
+        ) from None
     return tokenizer, model
 
 
@@ -66,7 +72,12 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
             # Training on the dev sample, evaluating on the disjoint train sample (held-out questions).
             source = "sample" if split == "train" else str(_shipped_train_sample())
             build_dataset(
-                BuildConfig(source=source, num_paragraphs=coord.sample_num_paragraphs, seed=coord.seed_data + (split != "train"), overwrite=True),
+                BuildConfig(
+                    source=source,
+                    num_paragraphs=coord.sample_num_paragraphs,
+                    seed=coord.seed_data + (split != "train"),
+                    overwrite=True,
+                ),
                 folder,
             )
         spec = str(folder)
@@ -76,12 +87,24 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
 
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
         if not (root / "world.json").exists():
-            build_world_dataset(root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data)
+            build_world_dataset(
+                root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data
+            )
         spec = str(root / ("train" if split == "train" else "heldout"))
     ds = load_built(spec)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    keep = {"id", "question", "answers", "context", "doc_offsets", "gold_documents", "num_tokens", "chunks", "chunk_documents"}
+    keep = {
+        "id",
+        "question",
+        "answers",
+        "context",
+        "doc_offsets",
+        "gold_documents",
+        "num_tokens",
+        "chunks",
+        "chunk_documents",
+    }
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
     if coord.protocol == "hmars":
         from coordrl.envs.hmars_prompts import hmars_prompt as make_prompt
@@ -253,7 +276,11 @@ def previous_run(output_dir: Path) -> list[str]:
     if not output_dir.is_dir():
         return []
     found = sorted(
-        (p.name for p in output_dir.iterdir() if p.is_dir() and (re.fullmatch(r"checkpoint-\d+", p.name) or p.name == "final")),
+        (
+            p.name
+            for p in output_dir.iterdir()
+            if p.is_dir() and (re.fullmatch(r"checkpoint-\d+", p.name) or p.name == "final")
+        ),
         key=lambda n: (n == "final", int(n.split("-")[1]) if n != "final" else 0),
     )
     traces = output_dir / "traces"
@@ -276,7 +303,9 @@ def _trim_traces(output_dir: Path, step: int) -> int:
     return rewrite_jsonl(path, lambda row: not isinstance(row.get("step"), int) or row["step"] < step)
 
 
-def train(cfg: TrainConfig, resume: bool = False, *, overwrite: bool = False, break_lock: bool = False, **build_kwargs: Any) -> Path:
+def train(
+    cfg: TrainConfig, resume: bool = False, *, overwrite: bool = False, break_lock: bool = False, **build_kwargs: Any
+) -> Path:
     """Train; returns the output folder.
 
     Args:

@@ -34,7 +34,9 @@ from coordrl.readers.loop import shared_loop
 class _RoundBatcher:
     """Executes a tool round for all rollouts at once; hands results to TRL's serial loop in order."""
 
-    def __init__(self, completions: list[list[dict[str, Any]]], sync_dicts: list[dict], async_dicts: list[dict]) -> None:
+    def __init__(
+        self, completions: list[list[dict[str, Any]]], sync_dicts: list[dict], async_dicts: list[dict]
+    ) -> None:
         self.completions = completions
         self.originals = [{**a, **s} for s, a in zip(sync_dicts, async_dicts, strict=True)]
         self.cache: dict[tuple[int, int], list[Any]] = {}
@@ -114,7 +116,14 @@ class CoordGRPOTrainer(GRPOTrainer):
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
-    def __init__(self, *args: Any, tool_concurrency: bool = True, lockstep: bool = True, mask_observations: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        tool_concurrency: bool = True,
+        lockstep: bool = True,
+        mask_observations: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self.tool_concurrency = tool_concurrency
         self.lockstep = lockstep
         self.mask_observations = mask_observations
@@ -144,13 +153,17 @@ class CoordGRPOTrainer(GRPOTrainer):
             self._async_tool_dicts = [{} for _ in self._sync_tool_dicts]
         self._in_tool_loop = True
         try:
-            result = super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+            result = super()._tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
         finally:
             self._in_tool_loop = False
             self._sync_tool_dicts, self._async_tool_dicts = saved
         if batcher is not None:
             self.tool_loop_stats["batched_rounds"] += batcher.rounds
-            self.tool_loop_stats["max_parallel_calls"] = max(self.tool_loop_stats["max_parallel_calls"], batcher.max_in_flight)
+            self.tool_loop_stats["max_parallel_calls"] = max(
+                self.tool_loop_stats["max_parallel_calls"], batcher.max_in_flight
+            )
         self._join_remaining_rounds(prompt_ids)
         return result
 
