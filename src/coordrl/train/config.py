@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -113,10 +114,23 @@ class TrainConfig:
         return ParserEnvConfig(**values)
 
 
-def grpo_fields() -> dict[str, dataclasses.Field]:
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """A config dataclass's init fields -> their resolved types.
+
+    ``dataclasses.Field.type`` is the annotation as written, a string wherever the defining module uses
+    ``from __future__ import annotations`` (this one and `coordrl.envs.parser` do); `typing.get_type_hints`
+    resolves each in its own module's namespace, inherited fields included. Cached: the classes do not change.
+    """
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def grpo_field_types() -> dict[str, Any]:
+    """``GRPOConfig``'s init fields -> their resolved types."""
     from trl import GRPOConfig
 
-    return {f.name: f for f in dataclasses.fields(GRPOConfig) if f.init}
+    return _field_types(GRPOConfig)
 
 
 def _base_types(tp: Any) -> list[Any]:
@@ -127,9 +141,7 @@ def _base_types(tp: Any) -> list[Any]:
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert a YAML value or command-line string to the field's type; error names the key."""
-    if isinstance(tp, str):  # postponed annotations
-        tp = eval(tp, {**vars(typing), "Any": Any, "Path": Path})
+    """Convert a YAML value or command-line string to the field's resolved type; error names the key."""
     options = _base_types(tp)
     if value is None or (isinstance(value, str) and value.lower() in ("null", "~")):
         if type(None) in options or typing.Any in options:
@@ -204,7 +216,7 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
 
 
 def _all_keys() -> set[str]:
-    return {f.name for f in dataclasses.fields(CoordConfig)} | set(grpo_fields())
+    return set(_field_types(CoordConfig)) | set(grpo_field_types())
 
 
 def _check_readers(coord: CoordConfig) -> None:
@@ -238,16 +250,16 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of field: value")
     raw = {**raw, **(overrides or {})}
-    coord_fields = {f.name: f for f in dataclasses.fields(CoordConfig)}
-    trl_fields = grpo_fields()
+    coord_fields = _field_types(CoordConfig)
+    trl_fields = grpo_field_types()
     coord_kwargs: dict[str, Any] = {}
     grpo_kwargs: dict[str, Any] = {}
     known = sorted(set(coord_fields) | set(trl_fields))
     for key, value in raw.items():
         if key in coord_fields:
-            coord_kwargs[key] = _coerce(key, value, coord_fields[key].type)
+            coord_kwargs[key] = _coerce(key, value, coord_fields[key])
         elif key in trl_fields:
-            grpo_kwargs[key] = _coerce(key, value, trl_fields[key].type)
+            grpo_kwargs[key] = _coerce(key, value, trl_fields[key])
         else:
             raise _unknown(key, known)
     coord = CoordConfig(**coord_kwargs)
