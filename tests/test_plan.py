@@ -161,6 +161,26 @@ def test_local_tiny_model_is_read_from_config_json(tmp_path):
     assert "fits: yes" in format_plan(plan) and "max_new_tokens" in format_plan(plan)
 
 
+def test_safetensors_params_sum_every_shard_from_the_headers(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from coordrl.train.plan import _safetensors_params
+
+    assert _safetensors_params(tmp_path) is None  # no safetensors: the caller estimates from config.json
+    # Two shards, mixed dtypes, a scalar, an empty tensor and file metadata: 3*4 + 5 + 1 + 2*2*2 + 0 = 26.
+    save_file(
+        {"a": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.zeros(5), "s": torch.tensor(1.0)},
+        str(tmp_path / "model-00001-of-00002.safetensors"),
+        metadata={"format": "pt"},
+    )
+    save_file(
+        {"c": torch.zeros(2, 2, 2, dtype=torch.float16), "e": torch.zeros(0, 3)},
+        str(tmp_path / "model-00002-of-00002.safetensors"),
+    )
+    assert _safetensors_params(tmp_path) == 26
+
+
 def test_cpu_config_plans_without_gpu_check(tmp_path):
     from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 

@@ -34,11 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from safetensors import safe_open
 
 from coordrl.train.config import TrainConfig
 
@@ -145,18 +146,17 @@ class ModelShape:
 
 
 def _safetensors_params(folder: Path) -> int | None:
-    """Exact parameter count from the safetensors headers (8-byte length + JSON), no tensor is read."""
+    """Exact parameter count from the safetensors files' headers; None when the folder has none.
+
+    ``get_slice(...).get_shape()`` reads only the header, so no tensor data is loaded, whatever the model size.
+    """
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     total = 0
     for f in files:
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                total += math.prod(meta["shape"])
+        with safe_open(f, framework="pt") as st:
+            total += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())  # noqa: SIM118 (no __iter__)
     return total
 
 
