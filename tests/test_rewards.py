@@ -104,3 +104,25 @@ def test_training_reward_scores_cut_off_rollouts_zero():
     assert out == [1.0, 0.0, 0.0]
     assert logged["env/unfinished"] == 2 / 3
     assert EpisodeReward()(completions, answers=[["Paris"]] * 3, completion_ids=ids) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [
+        ([], 50, None),
+        ([7.0], 95, 7.0),
+        ([4.0, 1.0, 3.0, 2.0], 50, 2.0),  # nearest rank: the 2nd of 4, not the interpolated 2.5
+        ([4.0, 1.0, 3.0, 2.0], 95, 4.0),
+        ([float(i) for i in range(1, 21)], 95, 19.0),  # 0.95 x 20 = 19: exactly the 19th value
+        ([float(i) for i in range(1, 101)], 50, 50.0),
+        ([float(i) for i in range(1, 101)], 95, 95.0),
+        ([0.2, 0.9, 0.4], 0, 0.2),
+        ([0.2, 0.9, 0.4], 100, 0.9),
+        ([3, 1, 2], 50, 2),  # ints stay ints (JSON-serialisable Python scalars)
+    ],
+)
+def test_nearest_rank_percentile(values, p, expected):
+    from coordrl.rewards.metrics import nearest_rank_percentile
+
+    got = nearest_rank_percentile(values, p)
+    assert got == expected and type(got) is type(expected)

@@ -9,7 +9,6 @@ method of the class as a tool, so everything else here is private or a property)
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from coordrl.envs.tool_input import ToolInputError, check_text
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 from coordrl.readers.loop import shared_loop
 from coordrl.readers.prompt import sanitize_reader_text
+from coordrl.rewards.metrics import nearest_rank_percentile
 
 TRUNCATION_MARKER = (
     "[observation truncated: {n} more findings not shown (budget {budget} tokens); ask narrower questions]"
@@ -63,13 +63,6 @@ class ParserEnvConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 @dataclass
@@ -184,8 +177,8 @@ class ParserLeadEnv:
             "reader_calls": s.reader_calls,
             "abstain_rate": s.abstentions / answered if answered else 0.0,
             "observation_tokens": sum(s.observation_tokens),
-            "reader_latency_p50_s": _percentile(s.latencies, 0.5),
-            "reader_latency_p95_s": _percentile(s.latencies, 0.95),
+            "reader_latency_p50_s": nearest_rank_percentile(s.latencies, 50) if s.latencies else 0.0,
+            "reader_latency_p95_s": nearest_rank_percentile(s.latencies, 95) if s.latencies else 0.0,
             "reader_errors": s.reader_errors,
             "tool_errors": sum(s.tool_errors.values()),
             "gold_coverage": float(s.gold_found),

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import threading
 import time
@@ -59,6 +58,7 @@ from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars import ROLE_ERROR_KEYS
 from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
+from coordrl.rewards.metrics import nearest_rank_percentile
 from coordrl.rundir import RunLock, truncate_torn_tail
 
 __all__ = [
@@ -518,14 +518,6 @@ class _Runner:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (None for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
     return sum(values) / len(values) if values else None
@@ -566,8 +558,8 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, prot
     out["gold_coverage"] = _mean(covered)
     out["reader_errors"] = sum(i.get("reader_errors", 0) for i in infos)
     latencies = [float(r.get("seconds", 0.0)) for r in ok]
-    out["latency_p50_s"] = _percentile(latencies, 0.5)
-    out["latency_p95_s"] = _percentile(latencies, 0.95)
+    out["latency_p50_s"] = nearest_rank_percentile(latencies, 50)
+    out["latency_p95_s"] = nearest_rank_percentile(latencies, 95)
     out["latency_mean_s"] = _mean(latencies)
     if protocol == "hmars":
         for key in HMARS_METRICS:

@@ -1,4 +1,4 @@
-"""HotpotQA answer normalisation and the metrics reported by coordrl.
+"""HotpotQA answer normalisation and the metrics reported by coordrl (and their latency percentiles).
 
 `sub_em` reproduces the reference evaluation used by MemAgent and PARSER (bidirectional substring
 match after normalisation, scored against the first gold answer) so our numbers compare with the
@@ -13,6 +13,8 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
+
+import numpy as np
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = frozenset(string.punctuation)
@@ -90,3 +92,16 @@ def score_prediction(prediction: str | None, golds: str | Sequence[str]) -> dict
         "sub_em": sub_em(prediction, golds),
         "guarded_sub_em": guarded_sub_em(prediction, golds),
     }
+
+
+def nearest_rank_percentile(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile (0-100) by nearest rank: the smallest value with at least p% of the values at or
+    below it, always one of the values (no interpolation); None for no values.
+
+    Nearest rank (numpy's ``inverted_cdf``) rather than numpy's default linear interpolation, so the latency
+    percentiles in traces and reports keep the figures coordrl has always reported.
+    """
+    if len(values) == 0:
+        return None
+    # .item(): a Python scalar of the values' own kind, so the figure serialises to JSON like the inputs do.
+    return np.percentile(values, p, method="inverted_cdf").item()
