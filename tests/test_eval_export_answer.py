@@ -280,6 +280,14 @@ def test_export_folder_is_servable_and_self_describing(export_dir, final):
     card = (export_dir / "README.md").read_text()
     assert "--enable-auto-tool-choice --tool-call-parser hermes" in card
     assert "Accuracy by length" in card  # the --eval table
+    from huggingface_hub import ModelCard
+
+    # The Hub's own parser reads the front matter back (a local file: no hub call).
+    loaded = ModelCard.load(export_dir / "README.md")
+    assert loaded.data.library_name == "transformers" and loaded.data.pipeline_tag == "text-generation"
+    assert loaded.data.tags == ["coordrl", "parser", "tool-use", "grpo", "long-context"]
+    assert loaded.data.base_model is None  # trained from the local tiny model: no hub id to link
+    assert loaded.text.lstrip().startswith(f"# {export_dir.name}: PARSER lead-agent coordinator")
 
     model = AutoModelForCausalLM.from_pretrained(export_dir, use_safetensors=True)
     assert model.config.model_type == "qwen3"
@@ -288,6 +296,27 @@ def test_export_folder_is_servable_and_self_describing(export_dir, final):
     assert tok.chat_template == get_training_chat_template(AutoTokenizer.from_pretrained(final))
     assert ChatCodec(tok).chat_template is None
     assert resolve_policy(export_dir).kind == "export"
+
+
+def test_model_card_front_matter_names_a_hub_base_model_only(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from coordrl.inference.export import render_model_card
+
+    meta = {
+        "protocol": "hmars",
+        "base_model": "Qwen/Qwen3-4B",
+        "turn_caps": {"train_max_turns": 1, "eval_max_turns": 1},
+        "hmars": {"c_sub": 2048},
+    }
+    for base, expected in (("Qwen/Qwen3-4B", "Qwen/Qwen3-4B"), (str(tmp_path / "local-model"), None)):
+        path = tmp_path / "README.md"
+        path.write_text(render_model_card(tmp_path / "out", {**meta, "base_model": base}, "qwen3", None))
+        card = ModelCard.load(path)
+        assert card.data.base_model == expected
+        assert card.data.tags == ["coordrl", "hmars", "tool-use", "grpo", "long-context"]
+        assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+        assert "# out: HMARS mid-agent coordinator" in card.text and "No evaluation attached" in card.text
 
 
 def _checkpoint_copy(final: Path, dest: Path) -> Path:

@@ -690,22 +690,19 @@ def _hmars_card_protocol(meta: dict[str, Any]) -> list[str]:
 
 
 def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_md: str | None) -> str:
-    """The export's README.md (Hugging Face model card with YAML front matter)."""
+    """The export's README.md: a Hugging Face model card, its metadata (front matter) written by
+    `huggingface_hub.ModelCardData` so the Hub reads it as it reads any card; built offline, nothing is fetched."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     base = meta.get("base_model")
-    front = ["---", "library_name: transformers", "pipeline_tag: text-generation"]
-    if _is_hub_id(base):
-        front.append(f"base_model: {base}")
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        # Only a hub id links the card to its base model; a local training path would be a broken link.
+        base_model=base if _is_hub_id(base) else None,
+        tags=["coordrl", meta.get("protocol") or "parser", "tool-use", "grpo", "long-context"],
+    )
     hmars = meta.get("protocol") == "hmars"
-    front += [
-        "tags:",
-        "  - coordrl",
-        f"  - {meta.get('protocol') or 'parser'}",
-        "  - tool-use",
-        "  - grpo",
-        "  - long-context",
-        "---",
-        "",
-    ]
     qwen = model_type.lower().startswith("qwen")
     serve = f"vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}"
     step = meta.get("training_step")
@@ -793,7 +790,7 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         "Trained on HotpotQA-derived data (CC BY-SA 4.0); see the coordrl repository's ATTRIBUTION.md.",
         "",
     ]
-    return "\n".join(front + lines)
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
 
 
 # ---------------------------------------------------------------------------------------------------
