@@ -51,6 +51,12 @@ def show(label: str, figures: dict) -> bool:
     print(
         f"{label}: positive exact {figures['positive_exact']:.4f} (names value {figures['positive_names_value']:.4f}; n={figures['n_positive']})"
     )
+    if "positive_exact_contrast" in figures:
+        print(
+            f"{label}: positive exact on chunks with two facts of the asked relation "
+            f"{figures['positive_exact_contrast']:.4f} (n={figures['n_positive_contrast']}), "
+            f"on the others {figures.get('positive_exact_single', float('nan')):.4f} (n={figures.get('n_positive_single', 0)})"
+        )
     kinds = ", ".join(
         f"{k} {figures[f'answered_{k}']:.4f} (n={figures[f'n_{k}']})"
         for k in ("hard", "row", "absent", "wrong_type")

@@ -61,7 +61,7 @@ META_NAME = "coordrl_world_reader.json"
 DEFAULTS: dict = {
     "seed": 0,
     "init": "src/coordrl/resources/warm_start",
-    "steps": 1400,
+    "steps": 1000,
     "chunks": 16,
     "queries": 4,
     "lr": 1e-3,

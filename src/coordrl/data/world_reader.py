@@ -190,6 +190,8 @@ def score_replies(examples: list[ReaderExample], replies: list[str]) -> dict[str
     """Held-out figures of ``replies`` (one per example, stripped before comparison).
 
     * ``positive_exact``: share of positives whose reply equals the target ``"<title>: <sentence>"``;
+      also over chunks with two facts of one relation (``positive_exact_contrast``) and the others
+      (``positive_exact_single``), with their counts;
     * ``positive_names_value``: share of positives whose reply is not ``Unknown`` and contains the
       asked value (director, city or decade) as a whole word: the finding a lead agent needs;
     * ``negative_answered``: share of negatives whose reply is anything but exactly ``Unknown``;
@@ -202,6 +204,15 @@ def score_replies(examples: list[ReaderExample], replies: list[str]) -> dict[str
     out: dict[str, Any] = {"n_positive": len(pos), "n_negative": len(neg)}
     if pos:
         out["positive_exact"] = sum(r == e.answer for e, r in pos) / len(pos)
+        # Chunks holding two facts of the asked relation are where a reader must bind the value to
+        # its subject; the others only need the relation.
+        for name, sel in (
+            ("contrast", [p for p in pos if _is_contrast(p[0].chunk)]),
+            ("single", [p for p in pos if not _is_contrast(p[0].chunk)]),
+        ):
+            if sel:
+                out[f"positive_exact_{name}"] = sum(r == e.answer for e, r in sel) / len(sel)
+                out[f"n_positive_{name}"] = len(sel)
         out["positive_names_value"] = sum(
             r != READER_UNKNOWN and re.search(rf"\b{re.escape(e.value)}\b", r) is not None for e, r in pos
         ) / len(pos)

@@ -1,0 +1,204 @@
+"""The kept world reader model: its recipe, its answers in-process, and its answers through vLLM.
+
+The model answers held-out world chunks (chains never seen in training) with the fact sentence in
+the lexical reader's form, or exactly ``Unknown``. The vLLM test (marked ``vllm``, skipped without
+``.venv-vllm``) serves the kept model with the CPU build and asks through `OpenAIReaderFleet`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coordrl.data.world import make_world, q_city, world_splits
+from coordrl.data.world_reader import (
+    READER_UNKNOWN,
+    _is_contrast,
+    chunk_examples,
+    eval_examples,
+    sample_chunk,
+    score_replies,
+    world_reader_dir,
+)
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.lexical import LexicalReader
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("build_world_reader", REPO / "scripts" / "build_world_reader.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return _builder()
+
+
+@pytest.fixture(scope="module")
+def meta() -> dict:
+    return json.loads((world_reader_dir() / "coordrl_world_reader.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def heldout(meta) -> list[dict]:
+    return world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0)["heldout"]
+
+
+def _probe(heldout: list[dict]) -> list:
+    """A few held-out prompts: one positive per relation, hard and absent negatives."""
+    world = make_world(0)
+    examples = eval_examples(heldout[:3], world)
+    picked = []
+    for relation in ("directed", "city", "decade"):
+        picked.append(next(e for e in examples if e.kind == "positive" and relation in e.query))
+    picked += [e for e in examples if e.kind == "hard"][:2] + [e for e in examples if e.kind == "absent"][:1]
+    return picked
+
+
+def test_targets_are_the_lexical_readers_answers(heldout):
+    # A policy trained with lexical readers sees the same findings from the model reader.
+    world, lexical = make_world(0), LexicalReader(threshold=0.9)
+    row = heldout[0]
+    n = 0
+    for index, chunk in enumerate(row["chunks"]):
+        by_kind = chunk_examples(row, index, world)
+        for e in by_kind["positive"] + by_kind["hard"] + by_kind["row"]:
+            assert lexical.answer_one(ReaderRequest(e.query, chunk, "k")) == e.answer
+            n += 1
+    assert n > 10
+
+
+def test_hard_negative_names_the_entity_without_the_fact(heldout):
+    chain = json.loads(heldout[0]["chain"])
+    world = make_world(0)
+    for index, chunk in enumerate(heldout[0]["chunks"]):
+        if f"directed by {chain['director']}" in chunk and f"\n{chain['director']}\n" not in chunk:
+            hard = chunk_examples(heldout[0], index, world)["hard"]
+            assert any(e.query == q_city(chain["director"]) and e.answer == READER_UNKNOWN for e in hard)
+            return
+    pytest.skip("the first held-out row keeps the director's document with the film")
+
+
+def test_contrast_sampling_and_figures(meta):
+    import random
+
+    world = make_world(0)
+    train = world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0)["train"]
+    mix = meta["recipe"]["negative_mix"]
+
+    def share(p_contrast: float) -> float:
+        rng = random.Random(0)
+        groups = [sample_chunk(rng, train, world, 4, 0.5, mix, p_contrast) for _ in range(200)]
+        return sum(_is_contrast(g[0].chunk) for g in groups) / len(groups)
+
+    natural, all_contrast = share(0.0), share(1.0)
+    assert 0.1 < natural < 0.4 and all_contrast == 1.0
+    # Same-relation pairs are split out in the figures: one right, one wrong reply.
+    chunk = "Document 1:\nAda\nAda was born in the city of Turin.\n\nDocument 2:\nBo\nBo was born in the city of Rome."
+    row = {"chunks": [chunk]}
+    positives = chunk_examples(row, 0, world)["positive"]
+    assert [e.value for e in positives] == ["Turin", "Rome"]
+    figures = score_replies(positives, [positives[0].answer, positives[0].answer])
+    assert figures["positive_exact_contrast"] == 0.5 and figures["n_positive_contrast"] == 2
+    assert "positive_exact_single" not in figures
+
+
+def test_kept_model_matches_the_builders_recipe(builder, meta):
+    folder = world_reader_dir()
+    assert meta["recipe"] == json.loads(json.dumps(builder.DEFAULTS))
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size <= 15e6, f"kept world reader is {size / 1e6:.1f} MB"
+    assert not list(folder.glob("*.bin")) and (folder / "model.safetensors").is_file()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["head_dim"] == 64  # vLLM's CPU attention rejects smaller heads
+    # Figures against the targets are the benchmark's job (benchmarks/world_reader.py); here: it reads at all.
+    assert meta["heldout"]["positive_exact"] >= 0.8 and meta["heldout"]["negative_answered"] <= 0.03
+
+
+def test_kept_model_answers_heldout_prompts(builder, heldout):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = world_reader_dir()
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), use_safetensors=True, dtype=torch.float32, local_files_only=True
+    )
+    probe = _probe(heldout)
+    replies = []
+    for e in probe:  # plain generate on the full prompt, as a check on the builder's shared-prefix decoding
+        ids = builder.prompt_ids(tok, e.chunk, e.query)
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        replies.append(tok.decode(out[0, len(ids) :], skip_special_tokens=True).strip())
+    assert builder.greedy_replies(model, tok, probe) == replies
+    for e, reply in zip(probe, replies, strict=True):
+        if e.kind == "positive":  # the right document's sentence (a copied value may still be wrong)
+            assert reply.startswith(e.answer.split(" ", 1)[0]) and reply != READER_UNKNOWN, (e.query, reply)
+        else:
+            assert reply == READER_UNKNOWN, (e.query, reply)
+    examples = eval_examples(heldout[:3], make_world(0))
+    figures = score_replies(examples, builder.greedy_replies(model, tok, examples))
+    assert figures["positive_exact"] >= 0.8 and figures["negative_answered"] == 0.0, figures
+
+
+# -- through vLLM's CPU build ----------------------------------------------------------------------
+
+
+def _vllm_python() -> str | None:
+    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not Path(candidate).exists():
+        return None
+    probe = subprocess.run([candidate, "-c", "import vllm"], check=False, capture_output=True, timeout=300)
+    return candidate if probe.returncode == 0 else None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_vllm_serves_the_kept_model_through_the_fleet(heldout, tmp_path):
+    from coordrl.readers.openai_fleet import OpenAIReaderFleet
+    from coordrl.readers.serve import start_reader_servers
+
+    python = _vllm_python()
+    if python is None:
+        pytest.skip(
+            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = str(world_reader_dir())
+    probe = _probe(heldout)
+    group = start_reader_servers(folder, cpu=True, port_base=port, python=python, max_model_len=1024, cpu_memory_fraction=0.15,
+                                 extra_args=["--enforce-eager"], startup_timeout_s=500, log_dir=tmp_path)  # fmt: skip
+    with group:
+        fleet = OpenAIReaderFleet(group.urls, folder, api_key_env=None, max_tokens=48)
+
+        async def ask():
+            try:
+                return await fleet.answer([ReaderRequest(e.query, e.chunk, f"c{i}") for i, e in enumerate(probe)])
+            finally:
+                await fleet.aclose()
+
+        results = asyncio.run(ask())
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.text for r in results] == [e.answer for e in probe]
+    assert [r.abstained for r in results] == [e.answer == READER_UNKNOWN for e in probe]
