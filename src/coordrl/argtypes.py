@@ -33,12 +33,36 @@ def non_negative_int(text: str) -> int:
 
 
 def add_reader_limit_flags(p: argparse.ArgumentParser) -> None:
-    """``--reader-timeout`` / ``--reader-retries`` (``rollout``, ``eval``, ``answer``): the worst case of one
+    """``--reader-timeout`` / ``--reader-retries`` (see :func:`add_reader_flags`): the worst case of one
     tool round against hung readers is timeout x (retries + 1) plus the fleet's backoff between attempts."""
     p.add_argument("--reader-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="per-attempt limit of one reader request (default: the policy's recorded setting, else 60)")  # fmt: skip
     p.add_argument("--reader-retries", type=non_negative_int, default=None, metavar="N",
                    help="retries of a reader request that timed out or failed (default: recorded setting, else 3)")  # fmt: skip
+
+
+def add_reader_flags(p: argparse.ArgumentParser) -> None:
+    """The readers of ``rollout``, ``eval`` and ``answer``: ``--readers``, ``--reader-model`` and the
+    limits of :func:`add_reader_limit_flags`."""
+    p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
+    p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
+    add_reader_limit_flags(p)
+
+
+def add_policy_flags(p: argparse.ArgumentParser) -> None:
+    """Where the policy of ``eval`` and ``answer`` runs: ``--policy-url`` (an OpenAI-compatible server,
+    e.g. ``vllm serve EXPORT``) with ``--served-model``, else in-process on ``--device``; and its
+    ``--max-new-tokens`` per turn and ``--hmars`` setting overrides."""
+    p.add_argument("--policy-url", default=None,
+                   help="OpenAI-compatible server serving the policy (e.g. vllm serve EXPORT); default: in-process transformers")  # fmt: skip
+    p.add_argument("--served-model", default=None,
+                   help="model name at --policy-url (default: the first listed by /v1/models)")  # fmt: skip
+    p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="tokens per policy turn (default: training's cap, else 512)")  # fmt: skip
+    p.add_argument("--hmars", action="append", default=None, metavar="KEY=VALUE",
+                   help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), "
+                   "e.g. c_sub=4096 selector=URL mode=no_mid")  # fmt: skip
 
 
 def reader_limits(args: Any) -> dict[str, float | int]:

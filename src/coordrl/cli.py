@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.argtypes import UsageError, add_reader_limit_flags, reader_limits
+from coordrl.argtypes import UsageError, add_reader_flags, reader_limits
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 
@@ -182,8 +182,6 @@ def _rollout_episode(args: argparse.Namespace):
     from coordrl.rollout.episode import run_episode
     from coordrl.rollout.policies import HFPolicy, ScriptedLead
 
-    if args.protocol != "parser":
-        raise UsageError(f"--protocol {args.protocol!r} is not available yet; use parser")
     ds = load_built(args.data)
     if not 0 <= args.sample < len(ds):
         raise UsageError(f"--sample {args.sample} out of range: {args.data} holds {len(ds)} samples")
@@ -284,12 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=_cmd_train)
 
-    rollout = sub.add_parser("rollout", help="run one episode and print the conversation, findings, reward and info")
-    rollout.add_argument("--protocol", default="parser", choices=("parser", "hmars"))
+    rollout = sub.add_parser(
+        "rollout",
+        help="run one episode and print the conversation, findings, reward and info",
+        description="One PARSER lead-agent episode. HMARS episodes run through `coordrl answer` and `coordrl eval`.",
+    )
     rollout.add_argument("--data", type=Path, required=True, help="a dataset folder (data build, or one sweep subset)")
     rollout.add_argument("--sample", type=int, default=0, help="sample index (default 0)")
-    rollout.add_argument("--readers", default="lexical", help="'lexical' or comma-separated reader server URLs")
-    rollout.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
     rollout.add_argument("--policy", default="scripted", help="'scripted' (model-free baseline) or a model folder")
     rollout.add_argument("--chunk-tokens", type=_positive, default=512, help="tokens per reader chunk (default 512)")
     rollout.add_argument(
@@ -301,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
-    add_reader_limit_flags(rollout)
+    add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
     from coordrl.readers.serve import add_serve_readers_parser

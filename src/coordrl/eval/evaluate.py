@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
-from coordrl.argtypes import add_reader_limit_flags
+from coordrl.argtypes import add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars import ROLE_ERROR_KEYS
@@ -946,16 +946,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="output folder (results.json, results.md, traces/, accuracy_vs_length.png)",
     )
-    p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
-    p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
-    p.add_argument(
-        "--policy-url",
-        default=None,
-        help="OpenAI-compatible server serving the policy (vllm serve); default: in-process transformers",
-    )
-    p.add_argument(
-        "--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)"
-    )
     p.add_argument(
         "--max-turns",
         type=_positive,
@@ -979,12 +969,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="policy temperature (default 0: greedy)")
     p.add_argument(
-        "--max-new-tokens",
-        type=_positive,
-        default=None,
-        help="tokens per policy turn (default: training's cap, else 512)",
-    )
-    p.add_argument(
         "--max-completion-tokens",
         type=_positive,
         default=None,
@@ -993,21 +977,14 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--context-window", type=_positive, default=None, help="fullcontext window in tokens (default: the model's)"
     )
-    p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
     p.add_argument("--label", default=None, help="name of this run in tables and plots")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
-        "--hmars",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL mode=no_mid",
-    )
-    p.add_argument(
         "--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one"
     )
     p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
-    add_reader_limit_flags(p)
+    add_reader_flags(p)
+    add_policy_flags(p)
     p.set_defaults(func=_cmd_eval)
     return p

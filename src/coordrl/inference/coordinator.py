@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
-from coordrl.argtypes import add_reader_limit_flags
+from coordrl.argtypes import add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
@@ -557,39 +557,16 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--policy", required=True, help="export or checkpoint folder, model folder, hub id, or 'scripted'")
     p.add_argument("--document", required=True, help="a UTF-8 text file ('-': standard input)")
     p.add_argument("--question", required=True)
-    p.add_argument("--readers", default="lexical", help="'lexical' (default) or comma-separated reader server URLs")
-    p.add_argument("--reader-model", default=None, help="model name served at the reader URLs")
-    p.add_argument(
-        "--policy-url",
-        default=None,
-        help="OpenAI-compatible server serving the policy (e.g. vllm serve EXPORT); default: in-process",
-    )
-    p.add_argument(
-        "--served-model", default=None, help="model name at --policy-url (default: the first listed by /v1/models)"
-    )
-    p.add_argument("--device", default=None, help="in-process device (default: cuda if available, else cpu)")
     p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds (default 12)")
     p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
-    p.add_argument(
-        "--max-new-tokens",
-        type=_positive,
-        default=None,
-        help="tokens per policy turn (default: training's cap, else 512)",
-    )
     p.add_argument(
         "--max-document-tokens",
         type=_positive,
         default=DEFAULT_MAX_DOCUMENT_TOKENS,
         help="longest document accepted (default 1000000)",
     )
-    p.add_argument(
-        "--hmars",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="hmars policies: replace a recorded HmarsEnvConfig setting (repeatable), e.g. c_sub=4096 selector=URL",
-    )
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
-    add_reader_limit_flags(p)
+    add_reader_flags(p)
+    add_policy_flags(p)
     p.set_defaults(func=_cmd_answer)
     return p
