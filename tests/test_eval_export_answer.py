@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+from vllm_cpu import free_port, vllm_python_or_skip
 
 from coordrl.cli import main
 from coordrl.data.build import SweepConfig, build_sweep
@@ -463,14 +462,6 @@ def test_answer_cli(row, export_dir, tmp_path, capsys):
 # -- vLLM -------------------------------------------------------------------------------------------
 
 
-def _vllm_python() -> str | None:
-    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300, check=False)
-    return candidate if probe.returncode == 0 else None
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_export_served_by_vllm_matches_in_process_greedy(export_dir, sweep, row, tmp_path):
@@ -482,19 +473,13 @@ def test_export_served_by_vllm_matches_in_process_greedy(export_dir, sweep, row,
     between vLLM and transformers, so a near-tie between two logits could flip a later token on
     another model or machine; the first-turn check is the one that must hold.
     """
-    python = _vllm_python()
-    if python is None:
-        pytest.skip(
-            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
-        )
+    python = vllm_python_or_skip()
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.step import StepEnv
     from coordrl.readers.serve import start_reader_servers
     from coordrl.rollout.openai_policy import OpenAIPolicy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     group = start_reader_servers(
         str(export_dir), cpu=True, port_base=port, python=python, max_model_len=4096, cpu_memory_fraction=0.15,
         extra_args=["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],

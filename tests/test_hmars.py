@@ -13,10 +13,10 @@ import itertools
 import json
 import math
 import random
-import socket
 
 import pytest
 from transformers.utils import get_json_schema
+from vllm_cpu import free_port, vllm_python_or_skip
 
 from coordrl.data import BuildConfig, build_dataset
 from coordrl.data.show import load_built
@@ -79,12 +79,6 @@ def stepper(env, tok) -> StepEnv:
         reward_fn=lambda completions, **kw: [env.get_reward()],  # the env owns the reward, as with TRL's get_reward
         prompt_fn=lambda row: hmars_prompt(row["question"]),
     )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- indexing ---------------------------------------------------------------------------------------
@@ -391,26 +385,9 @@ def _bound(f, row):
 # -- the real vLLM CPU server ---------------------------------------------------------------------
 
 
-def _vllm_python():
-    import os
-    import subprocess
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(repo / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], check=False, capture_output=True, timeout=300)
-    return candidate if probe.returncode == 0 else None
-
-
 @pytest.fixture(scope="module")
 def selector_server(tmp_path_factory):
-    python = _vllm_python()
-    if python is None:
-        pytest.skip(
-            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
-        )
+    python = vllm_python_or_skip()
     from coordrl.readers.serve import start_reader_servers
     from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 

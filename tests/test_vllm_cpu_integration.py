@@ -9,12 +9,10 @@ One server start per module (about 25 s with ``--enforce-eager``) plus one resta
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+from vllm_cpu import free_port, vllm_python_or_skip
 
 from coordrl.data.chunk import chunk_context
 from coordrl.data.layout import render_context
@@ -35,28 +33,9 @@ CHUNK_TOKENS = 1750
 ANSWER_TOKENS = 16
 
 
-def _vllm_python() -> str | None:
-    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
-    return candidate if probe.returncode == 0 else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    python = _vllm_python()
-    if python is None:
-        pytest.skip(
-            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
-        )
-    return python
+    return vllm_python_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +48,7 @@ def server(vllm_python, model_dir, tmp_path_factory):
     group = start_reader_servers(
         model_dir,
         cpu=True,
-        port_base=_free_port(),
+        port_base=free_port(),
         python=vllm_python,
         max_model_len=MAX_MODEL_LEN,
         cpu_memory_fraction=0.15,

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+from vllm_cpu import free_port, vllm_python_or_skip
 
 from coordrl.data.world import make_world, q_city, world_splits
 from coordrl.data.world_reader import (
@@ -162,14 +160,6 @@ def test_kept_model_answers_heldout_prompts(builder, heldout):
 # -- through vLLM's CPU build ----------------------------------------------------------------------
 
 
-def _vllm_python() -> str | None:
-    candidate = os.environ.get("COORDRL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], check=False, capture_output=True, timeout=300)
-    return candidate if probe.returncode == 0 else None
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -177,14 +167,8 @@ def test_vllm_serves_the_kept_model_through_the_fleet(heldout, tmp_path):
     from coordrl.readers.openai_fleet import OpenAIReaderFleet
     from coordrl.readers.serve import start_reader_servers
 
-    python = _vllm_python()
-    if python is None:
-        pytest.skip(
-            "no interpreter with vllm: run scripts/setup_vllm_cpu.sh (creates .venv-vllm) or set COORDRL_VLLM_PYTHON"
-        )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    python = vllm_python_or_skip()
+    port = free_port()
     folder = str(world_reader_dir())
     probe = _probe(heldout)
     group = start_reader_servers(folder, cpu=True, port_base=port, python=python, max_model_len=1024, cpu_memory_fraction=0.15,
