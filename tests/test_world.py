@@ -203,11 +203,16 @@ def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
     # Fixed work on fixed threads: the same seed gives byte-identical weights, whatever the machine's speed.
     build = _warm_start_builder().build
     small = {"steps": 3, "n_train": 12, "n_eval": 4, "batch": 4, "drills": 8, "threads": 2}
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled()
     weights = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         meta = build(tmp_path / name, seed=seed, **small)
         assert meta["steps"] == 3 and meta["torch_threads"] == 2
         weights.append((tmp_path / name / "model.safetensors").read_bytes())
+        # The build's deterministic kernels do not leak into what runs next in the process.
+        assert torch.are_deterministic_algorithms_enabled() == before
     assert weights[0] == weights[1] and weights[0] != weights[2]
 
 
