@@ -61,7 +61,9 @@ def evaluate(path: str | Path, rows: list[dict], seed: int) -> dict:
 
 def grpo(
     seed: int, minutes: float | None, out: Path, warm: Path, overrides: dict[str, str], steps: int | None = None
-) -> tuple[Path, list[dict], float]:
+) -> tuple[Path, list[dict], float, int]:
+    """GRPO from ``warm``: (final folder, reward log rows, seconds, optimizer steps taken). The reward
+    is logged once per generation batch, at its first step, so the last row is not the step count."""
     from coordrl.train.config import load_config
     from coordrl.train.run import train
     from coordrl.train.trainer import CoordGRPOTrainer
@@ -79,7 +81,7 @@ def grpo(
     t0 = time.time()
     train(cfg, overwrite=True, trainer_cls=Recording)  # a rerun replaces this benchmark's own earlier run
     history = [h for h in seen[0].state.log_history if "reward" in h]
-    return out / "final", history, time.time() - t0
+    return out / "final", history, time.time() - t0, seen[0].state.global_step
 
 
 def run_ablations(
@@ -99,7 +101,7 @@ def run_ablations(
     found = {}
     for name, (start, extra) in runs.items():
         before = evaluate(start, rows, seed)
-        final, hist, train_s = grpo(
+        final, hist, train_s, n_steps = grpo(
             seed,
             a.minutes,
             out / ("ablation-" + "-".join(name.split()[:3])),
@@ -112,7 +114,7 @@ def run_ablations(
             "before": before,
             "after": after,
             "grpo_s": train_s,
-            "steps": hist[-1]["step"] if hist else 0,
+            "steps": n_steps,
             "curve": [{"step": h["step"], "reward": h["reward"]} for h in hist],
         }
         print(f"ablation: {name}: {found[name]['steps']} GRPO optimizer steps in {train_s:.0f}s")
@@ -226,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     for seed in [] if a.ablations_only else a.seeds:
         t = time.time()
         before = evaluate(warm, rows, seed)
-        final, hist, train_s = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps)
+        final, hist, train_s, steps = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps)
         after = evaluate(final, rows, seed)
         curves[seed] = hist
-        steps = hist[-1]["step"] if hist else 0
         results["seeds"][seed] = {
             "before": before,
             "after": after,
