@@ -1,6 +1,6 @@
 """Data pipeline throughput and memory: prints samples/s, wall time and peak RSS.
 
-Targets (issue 2, 2-core machine): 32,768 training samples at 200 paragraphs from a pool of at
+Targets (2-core machine): 32,768 training samples at 200 paragraphs from a pool of at
 least 25K paragraphs in <= 10 minutes with peak memory <= 4 GB; the 8-length sweep of 128
 questions in <= 5 minutes. Questions repeat in the training benchmark (the shipped sample has 396).
 

@@ -1,4 +1,4 @@
-"""The synthetic multi-hop world (coordrl.data.world) and its tokenizer (issue 7)."""
+"""The synthetic multi-hop world (coordrl.data.world) and its tokenizer."""
 
 import json
 

@@ -154,7 +154,6 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    import contextlib
     import json
 
     # Libraries print chatter on import (transformers announces wandb offline mode on stdout);

@@ -206,10 +206,10 @@ def score_replies(examples: list[ReaderExample], replies: list[str]) -> dict[str
         out["positive_exact"] = sum(r == e.answer for e, r in pos) / len(pos)
         # Chunks holding two facts of the asked relation are where a reader must bind the value to
         # its subject; the others only need the relation.
-        for name, sel in (
-            ("contrast", [p for p in pos if _is_contrast(p[0].chunk)]),
-            ("single", [p for p in pos if not _is_contrast(p[0].chunk)]),
-        ):
+        split: dict[str, list[tuple[ReaderExample, str]]] = {"contrast": [], "single": []}
+        for e, r in pos:  # each chunk parsed once
+            split["contrast" if _is_contrast(e.chunk) else "single"].append((e, r))
+        for name, sel in split.items():
             if sel:
                 out[f"positive_exact_{name}"] = sum(r == e.answer for e, r in sel) / len(sel)
                 out[f"n_positive_{name}"] = len(sel)
