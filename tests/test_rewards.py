@@ -36,9 +36,12 @@ def test_known_leaks(pred, gold, em, sub, guarded):
     assert guarded_sub_em(pred, gold) == guarded
 
 
-def test_sub_em_uses_first_gold_only_and_none_scores_zero():
-    assert sub_em("Lyon", ["Paris", "Lyon"]) == 0.0
-    assert exact_match("Lyon", ["Paris", "Lyon"]) == 1.0
+def test_every_metric_accepts_any_gold_answer_and_none_scores_zero():
+    # MuSiQue's answer aliases are later gold answers: an alias scores like the answer itself.
+    golds = ["Paris", "City of Light"]
+    assert score_prediction("the city of light", golds) == {"em": 1.0, "f1": 1.0, "sub_em": 1.0, "guarded_sub_em": 1.0}
+    assert sub_em("Lyon", ["Paris", "Lyon"]) == 1.0 and sub_em("Lyon", ["Paris", "Marseille"]) == 0.0
+    assert exact_match_reward([[_assistant("<answer>City of Light</answer>")]], answers=[golds]) == [1.0]
     assert score_prediction(None, "Paris") == {"em": 0.0, "f1": 0.0, "sub_em": 0.0, "guarded_sub_em": 0.0}
 
 

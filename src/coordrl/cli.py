@@ -46,6 +46,11 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH|hub|sample",
         help="2WikiMultiHopQA questions instead of HotpotQA",
     )
+    src.add_argument(
+        "--musique",
+        metavar="PATH|hub:REPO[@SPLIT]",
+        help="MuSiQue questions (official JSONL) instead of HotpotQA; unanswerable records are skipped and counted",
+    )
     p.add_argument(
         "--pool",
         default="sample",
@@ -78,7 +83,18 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
 def _source(args: argparse.Namespace) -> tuple[str, str]:
     if args.wiki2:
         return args.wiki2, "2wikimultihopqa"
+    if args.musique:
+        return args.musique, "musique"
     return args.hotpotqa or "sample", "hotpotqa"
+
+
+def _print_unanswerable(manifest: Path) -> None:
+    """MuSiQue: say how many records were skipped as unanswerable (also in the manifest and card)."""
+    import json
+
+    n = json.loads(manifest.read_text())["source"].get("records unanswerable (skipped)")
+    if n is not None:
+        print(f"skipped {n} unanswerable record(s) (answerable: false)")
 
 
 def _cmd_data_build(args: argparse.Namespace) -> int:
@@ -105,6 +121,7 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     stats = build_dataset(cfg, args.out)
     _print_stats(args.out, "train", stats, time.perf_counter() - t0)
+    _print_unanswerable(args.out / "build.json")
     return 0
 
 
@@ -131,6 +148,7 @@ def _cmd_data_sweep(args: argparse.Namespace) -> int:
     manifest = build_sweep(cfg, args.out)
     for sub in manifest["subsets"]:
         _print_stats(args.out / sub["folder"], sub["variant"], sub["stats"], None)
+    _print_unanswerable(args.out / "sweep.json")
     print(f"sweep written to {args.out} in {time.perf_counter() - t0:.1f} s (manifest: sweep.json, card: README.md)")
     return 0
 

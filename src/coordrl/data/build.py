@@ -237,12 +237,14 @@ def _check_fit(inputs: Inputs, report: LoadReport, spec: PackSpec, on_bad: str, 
 
 
 def _load_summary(report: LoadReport, inputs: Inputs, dataset: str) -> dict[str, Any]:
+    unanswerable = {"records unanswerable (skipped)": report.unanswerable} if dataset == "musique" else {}
     return {
         "dataset": dataset,
         "questions": report.source,
         "records read": report.read,
         "records kept": report.kept,
         "records skipped": dict(sorted(report.skipped.items())) or 0,
+        **unanswerable,
         "pool": inputs.pool.source,
         "pool paragraphs": len(inputs.pool),
         "pool duplicates dropped": inputs.pool.duplicates_dropped,

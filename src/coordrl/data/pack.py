@@ -162,9 +162,11 @@ def pack_sample(
             used += cost
             distractors.append(pool_item(j))
 
-    gold_set = set(record.gold_titles)
-    gold = sorted((it for it in own if it[0].title in gold_set), key=lambda it: record.gold_titles.index(it[0].title))
-    others = [it for it in own if it[0].title not in gold_set] + distractors
+    # Gold paragraphs are known by their position in the record, never by title: in MuSiQue a
+    # title can name a gold paragraph and a different, non-gold one.
+    gold_rank = {n: rank for rank, n in enumerate(record.gold_paragraphs)}
+    gold = [own[n] for n in record.gold_paragraphs]
+    others = [it for n, it in enumerate(own) if n not in gold_rank] + distractors
     ordered = _order(own + distractors, gold, others, spec, rng)
 
     paragraphs: list[Paragraph] = [it[0] for it in ordered]
@@ -172,7 +174,10 @@ def pack_sample(
     num_tokens = (
         counter.context_tokens(paragraphs, [it[1] for it in ordered]) if counter.additive else counter.count(context)
     )
-    doc_of = {p.title: i for i, p in enumerate(paragraphs, start=1) if p.title in gold_set}
+    # Items are fresh tuples, so identity tells two equal paragraphs apart.
+    document = {id(it): i for i, it in enumerate(ordered, start=1)}
+    gold_documents = [document[id(it)] for it in gold]
+    doc_of = dict(zip(record.gold_titles, gold_documents, strict=True))  # title-keyed datasets' supporting facts
     return {
         "id": sample_id,
         "source_id": record.id,
@@ -183,7 +188,7 @@ def pack_sample(
         "context": context,
         "doc_offsets": offsets,
         "gold_titles": list(record.gold_titles),
-        "gold_documents": [doc_of[t] for t in record.gold_titles],
+        "gold_documents": gold_documents,
         "supporting_facts": [{"title": t, "sent_id": s, "document": doc_of[t]} for t, s in record.supporting_facts],
         "num_paragraphs": len(paragraphs),
         "num_tokens": num_tokens,

@@ -32,6 +32,7 @@ class ParagraphPool:
     duplicates_dropped: int = 0
     skipped: Counter = field(default_factory=Counter)
     _by_title: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _by_paragraph: dict[Paragraph, int] = field(default_factory=dict, repr=False)  # built on first use
 
     def __post_init__(self) -> None:
         if not self._by_title:
@@ -42,11 +43,21 @@ class ParagraphPool:
         return len(self.paragraphs)
 
     def excluded_for(self, record: QARecord) -> set[int]:
-        """Pool ids a record must never draw: any paragraph titled like one already in its context
-        (a copy, or a second version of a gold page) and any paragraph gold for this question."""
+        """Pool ids a record must never draw: any paragraph gold for this question, and copies.
+
+        Where a title names one paragraph (HotpotQA, 2WikiMultiHopQA), anything titled like a
+        paragraph already in the context is a copy or a second version of it. In MuSiQue two
+        different paragraphs share a title as a matter of course, so only an exact copy (same title
+        and text) of one of the record's paragraphs is excluded.
+        """
         excluded: set[int] = set(self.gold_for.get(record.id, ()))
-        for p in record.paragraphs:
-            excluded.update(self._by_title.get(p.title, ()))
+        if record.keyed_by_title:
+            for p in record.paragraphs:
+                excluded.update(self._by_title.get(p.title, ()))
+            return excluded
+        if not self._by_paragraph:
+            self._by_paragraph = {p: i for i, p in enumerate(self.paragraphs)}  # deduplicated: one id each
+        excluded.update(self._by_paragraph[p] for p in record.paragraphs if p in self._by_paragraph)
         return excluded
 
     def iter_draws(self, excluded: set[int], rng: random.Random):
@@ -123,16 +134,16 @@ def load_pool(spec: str, records: Sequence[QARecord] = (), on_bad_record: str = 
             paragraphs of ``records`` themselves, as MemAgent does), or a JSONL path (optionally
             gzipped) with ``title`` and ``sentences`` or ``text``, and optional ``gold_for``.
         records: the questions being built; with ``split`` they are the pool, and each record's own
-            paragraphs are marked gold-for it when they are among its gold titles.
+            paragraphs are marked gold-for it when they are among its gold paragraphs.
         on_bad_record: ``skip`` counts malformed pool lines instead of raising.
     """
     if spec == "split":
 
         def split_entries():
             for rec in records:
-                golds = set(rec.gold_titles)
-                for p in rec.paragraphs:
-                    yield p, ([rec.id] if p.title in golds else [])
+                golds = set(rec.gold_paragraphs)
+                for n, p in enumerate(rec.paragraphs):
+                    yield p, ([rec.id] if n in golds else [])
 
         return _build(split_entries(), "split")
     path = shipped_path("pool") if spec == "sample" else Path(spec)

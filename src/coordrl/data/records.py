@@ -1,13 +1,23 @@
-"""Loading and validating multi-hop QA records (HotpotQA, 2WikiMultiHopQA).
+"""Loading and validating multi-hop QA records (HotpotQA, 2WikiMultiHopQA, MuSiQue).
 
-Sources, as given to ``--hotpotqa`` / ``--2wikimultihopqa``:
+Sources, as given to ``--hotpotqa`` / ``--2wikimultihopqa`` / ``--musique``:
 
-- ``sample``: the real sample shipped with coordrl (offline).
+- ``sample``: the real sample shipped with coordrl (offline; HotpotQA and 2WikiMultiHopQA only).
 - a path to the official JSON (a list of records) or JSONL, optionally gzipped.
-- ``hub`` or ``hub:<repo_id>[@<split>]``: the Hugging Face hub through ``datasets`` (needs network).
+- ``hub`` or ``hub:<repo_id>[@<split>]``: the Hugging Face hub through ``datasets`` (needs network;
+  MuSiQue has no default repo, so it takes ``hub:<repo_id>[@<split>]`` only).
 
-Both official layouts are accepted: list-style ``context = [[title, [sentences]], ...]`` with
-``supporting_facts = [[title, sent_id], ...]``, and the hub's dict-style columns.
+HotpotQA and 2WikiMultiHopQA: both official layouts are accepted, list-style
+``context = [[title, [sentences]], ...]`` with ``supporting_facts = [[title, sent_id], ...]``, and
+the hub's dict-style columns. Their paragraphs are identified by title.
+
+MuSiQue (the official JSONL): ``paragraphs = [{idx, title, paragraph_text, is_supporting}, ...]``.
+Two different paragraphs often share a title there, so a paragraph is identified by
+``(title, idx)``, gold paragraphs are those marked ``is_supporting``, and ``answer_aliases`` are
+accepted answers beside ``answer``. Records marked ``answerable: false`` (MuSiQue-Full) have no
+answer to score; they are skipped and counted in `LoadReport.unanswerable`, whatever
+``on_bad_record`` says.
+
 Every problem names the record; ``on_bad_record="skip"`` counts skips instead of raising.
 """
 
@@ -25,11 +35,14 @@ from coordrl.data.errors import BadRecordError, DataError
 from coordrl.data.layout import Paragraph, join_sentences
 from coordrl.data.resources import shipped_path
 
-DATASETS = ("hotpotqa", "2wikimultihopqa")
+DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+# Datasets whose paragraphs are identified by title alone (a title appears once per context).
+TITLE_KEYED = frozenset({"hotpotqa", "2wikimultihopqa"})
 HUB_DEFAULTS = {
-    # repo id, config, split
+    # repo id, config, split; MuSiQue has no default repo (hub:<repo_id>[@<split>] names one)
     "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", "validation"),
     "2wikimultihopqa": ("xanhho/2WikiMultihopQA", None, "dev"),
+    "musique": (None, None, "validation"),
 }
 
 
@@ -39,12 +52,20 @@ class QARecord:
 
     id: str
     question: str
-    answers: tuple[str, ...]
+    answers: tuple[str, ...]  # the answer first, then its aliases (MuSiQue); every one is accepted
     paragraphs: tuple[Paragraph, ...]
     gold_titles: tuple[str, ...]  # in order of first appearance in supporting_facts
-    supporting_facts: tuple[tuple[str, int], ...]
+    supporting_facts: tuple[tuple[str, int], ...]  # empty for MuSiQue, which marks paragraphs, not sentences
     type: str
     dataset: str
+    # Indices into ``paragraphs`` of the gold paragraphs, aligned with ``gold_titles``: what
+    # identifies a gold paragraph, since in MuSiQue a title can name two different paragraphs.
+    gold_paragraphs: tuple[int, ...]
+
+    @property
+    def keyed_by_title(self) -> bool:
+        """Whether a title identifies one paragraph of this record's dataset (not MuSiQue)."""
+        return self.dataset in TITLE_KEYED
 
 
 @dataclass
@@ -55,6 +76,7 @@ class LoadReport:
     read: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
+    unanswerable: int = 0  # MuSiQue-Full records marked answerable: false, always skipped
     examples: list[str] = field(default_factory=list)  # first few skip messages, for the card
 
     def skip(self, err: BadRecordError) -> None:
@@ -99,6 +121,8 @@ def _iter_hub(dataset: str, spec: str) -> Iterator[Any]:
         repo, _, maybe_split = rest.partition("@")
         split = maybe_split or split
         config = None if repo != HUB_DEFAULTS[dataset][0] else config
+    if not repo:
+        raise DataError(f"{dataset} has no default hub dataset; pass hub:<repo_id>[@<split>] or a path to the JSONL")
     try:
         import datasets
     except ImportError as e:  # pragma: no cover - datasets is a core dependency
@@ -118,6 +142,8 @@ def iter_raw_records(spec: str, dataset: str) -> Iterator[Any]:
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
     if spec == "sample":
+        if dataset not in TITLE_KEYED:
+            raise DataError(f"coordrl ships no {dataset} questions; pass a path to the official JSONL")
         yield from _iter_file(shipped_path(dataset))
     elif spec == "hub" or spec.startswith("hub:"):
         yield from _iter_hub(dataset, spec)
@@ -171,12 +197,108 @@ def _supporting_pairs(sf: Any) -> list[tuple[str, int]]:
     return out
 
 
+def _musique_paragraphs(raw: Any) -> tuple[list[Paragraph], list[int], list[int]]:
+    """MuSiQue ``paragraphs`` -> (paragraphs in the given order, their ``idx``, positions of the
+    supporting ones). Raises ValueError naming the entry and field."""
+    if not isinstance(raw, list):
+        raise ValueError(f"field 'paragraphs' must be a list, got {type(raw).__name__}")
+    paragraphs, idxs, supporting = [], [], []
+    for n, item in enumerate(raw):
+        where = f"paragraphs[{n}]"
+        if not isinstance(item, Mapping):
+            raise ValueError(f"{where} must be an object")
+        idx, title, text, gold = (item.get(k) for k in ("idx", "title", "paragraph_text", "is_supporting"))
+        if isinstance(idx, bool) or not isinstance(idx, int):
+            raise ValueError(f"{where}: field 'idx' must be an integer")
+        if not isinstance(title, str) or not title.strip():
+            raise ValueError(f"{where}: field 'title' must be a non-empty string")
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: field 'paragraph_text' must be a string")
+        if not isinstance(gold, bool):
+            raise ValueError(f"{where}: field 'is_supporting' must be true or false")
+        if idx in idxs:
+            raise ValueError(f"{where}: idx {idx} is used twice (a paragraph is identified by its title and idx)")
+        if gold:
+            supporting.append(n)
+        paragraphs.append(Paragraph(title, text))
+        idxs.append(idx)
+    return paragraphs, idxs, supporting
+
+
+def _hop_order(decomposition: Any, idxs: list[int], supporting: list[int]) -> list[int]:
+    """Supporting paragraph positions in hop order (``question_decomposition``'s
+    ``paragraph_support_idx``), then any other supporting paragraph in the given order."""
+    if decomposition is None:
+        return supporting
+    if not isinstance(decomposition, list) or not all(isinstance(step, Mapping) for step in decomposition):
+        raise ValueError("field 'question_decomposition' must be a list of objects")
+    position = {idx: n for n, idx in enumerate(idxs)}
+    ordered: list[int] = []
+    for step in decomposition:
+        n = position.get(step.get("paragraph_support_idx"))
+        if n is not None and n in supporting and n not in ordered:
+            ordered.append(n)
+    return ordered + [n for n in supporting if n not in ordered]
+
+
+def _parse_musique(raw: Mapping, rid: str, source: str) -> QARecord:
+    for name in ("question", "answer", "paragraphs"):
+        if name not in raw or raw[name] is None:
+            raise BadRecordError(rid, "missing_field", f"field {name!r} is missing", source)
+    question = raw["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise BadRecordError(rid, "empty_question", "question is empty", source)
+    answer, aliases = raw["answer"], raw.get("answer_aliases") or []
+    if not isinstance(answer, str):
+        raise BadRecordError(rid, "bad_answer", "field 'answer' must be a string", source)
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise BadRecordError(rid, "bad_answer", "field 'answer_aliases' must be a list of strings", source)
+    if not answer.strip():
+        raise BadRecordError(rid, "empty_answer", "answer is empty", source)
+    answers = list(dict.fromkeys(a.strip() for a in [answer, *aliases] if a.strip()))
+    try:
+        paragraphs, idxs, supporting = _musique_paragraphs(raw["paragraphs"])
+        gold = _hop_order(raw.get("question_decomposition"), idxs, supporting)
+    except ValueError as e:
+        raise BadRecordError(rid, "bad_structure", str(e), source) from None
+    if not paragraphs:
+        raise BadRecordError(rid, "empty_context", "field 'paragraphs' is empty", source)
+    if not gold:
+        raise BadRecordError(rid, "no_supporting_facts", "no paragraph has is_supporting true", source)
+    return QARecord(
+        id=rid,
+        question=question.strip(),
+        answers=tuple(answers),
+        paragraphs=tuple(paragraphs),
+        gold_titles=tuple(paragraphs[n].title for n in gold),
+        supporting_facts=(),
+        type=rid.partition("__")[0] if "__" in rid else "",  # MuSiQue ids start with the hop type: 2hop__...
+        dataset="musique",
+        gold_paragraphs=tuple(gold),
+    )
+
+
+def _unanswerable(raw: Any, dataset: str) -> bool:
+    """A MuSiQue-Full record marked ``answerable: false`` (a malformed flag is left to the parser)."""
+    return dataset == "musique" and isinstance(raw, Mapping) and raw.get("answerable") is False
+
+
 def parse_record(raw: Any, dataset: str, position: int, source: str = "") -> QARecord:
     """Validate one raw record. Raises `BadRecordError` naming the record and the problem."""
     if not isinstance(raw, Mapping):
         raise BadRecordError(
             f"#{position}", "not_an_object", f"expected a JSON object, got {type(raw).__name__}", source
         )
+    if dataset == "musique":
+        rid = raw.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise BadRecordError(f"#{position}", "missing_field", "no 'id' string", source)
+        answerable = raw.get("answerable", True)  # MuSiQue-Ans records have no flag: all are answerable
+        if not isinstance(answerable, bool):
+            raise BadRecordError(rid, "bad_structure", "field 'answerable' must be true or false", source)
+        if not answerable:  # `load_records` skips and counts these before parsing
+            raise BadRecordError(rid, "unanswerable", "the record is marked answerable: false", source)
+        return _parse_musique(raw, rid, source)
     rid = raw.get("_id", raw.get("id"))
     if not isinstance(rid, str) or not rid:
         raise BadRecordError(f"#{position}", "missing_field", "no '_id'/'id' string", source)
@@ -225,6 +347,7 @@ def parse_record(raw: Any, dataset: str, position: int, source: str = "") -> QAR
         supporting_facts=tuple(facts),
         type=str(raw.get("type") or ""),
         dataset=dataset,
+        gold_paragraphs=tuple(titles.index(t) for t in gold_titles),
     )
 
 
@@ -235,7 +358,7 @@ def load_records(
 
     Args:
         spec: ``sample``, a file path, or ``hub[:repo[@split]]``.
-        dataset: ``hotpotqa`` or ``2wikimultihopqa``.
+        dataset: ``hotpotqa``, ``2wikimultihopqa`` or ``musique``.
         on_bad_record: ``error`` raises on the first bad record; ``skip`` counts it in the report.
         raw: already-loaded raw records (tests, callers with their own loader); ``spec`` then only names them.
     """
@@ -246,6 +369,9 @@ def load_records(
     seen: set[str] = set()
     for position, item in enumerate(raw if raw is not None else iter_raw_records(spec, dataset)):
         report.read += 1
+        if _unanswerable(item, dataset):
+            report.unanswerable += 1
+            continue
         try:
             rec = parse_record(item, dataset, position, spec)
             if rec.id in seen:
@@ -261,5 +387,8 @@ def load_records(
         records.append(rec)
     report.kept = len(records)
     if not records:
-        raise DataError(f"{spec}: no usable records (read {report.read}, skipped {dict(report.skipped)})")
+        raise DataError(
+            f"{spec}: no usable records (read {report.read}, skipped {dict(report.skipped)}, "
+            f"unanswerable {report.unanswerable})"
+        )
     return records, report
