@@ -16,12 +16,23 @@ work per wave grows with the wave: at 256 requests of 16 KB (4,096-token chunks)
 256 x 50 us of CPU (kernel loopback send included) = 13 ms against 10 ms at L = 0.05 s on 2 cores.
 
 ``--transport httpx`` measures httpx's default transport instead of LeanAsyncTransport, for comparison.
+
+Then one GPU-run-scale round per HTTP client stack, all in this run so their ratios are fair:
+16 rollouts x 2 queries x 219 chunks of 4,096 tokens = 7,008 requests of about 16 KB, the fleet's
+own encoded bodies, each stack behind the fleet's concurrency limit with a per-attempt deadline and
+the reply's JSON parsed. Per stack, concurrency and latency it prints the client's CPU per request
+(process time, the server runs in another process) and the wall time of the round; repeats are
+interleaved across stacks (ABC ABC ...) so that a busy moment of the machine hits every stack.
+
+    .venv/bin/python benchmarks/reader_fanout.py --skip-broadcast --stacks lean-direct httpx aiohttp \
+        --round-concurrency 64 256 --round-latencies 0 0.05 0.2 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import random
@@ -36,7 +47,13 @@ sys.path.insert(0, str(REPO / "src"))
 import httpx
 
 from coordrl.readers.base import ReaderRequest
-from coordrl.readers.openai_fleet import OpenAIReaderFleet
+from coordrl.readers.http_transport import LeanAsyncTransport
+from coordrl.readers.openai_fleet import OpenAIReaderFleet, _Slots
+
+try:  # measured when installed; not a dependency of coordrl
+    import aiohttp
+except ImportError:
+    aiohttp = None
 
 DOC_TOKENS = 896_000
 CHARS_PER_TOKEN = 4
@@ -160,6 +177,158 @@ async def run_overhead(url: str, concurrency: int, chunks: list[str], rounds: in
     )
 
 
+# -- client stacks at GPU-run scale ------------------------------------------------------------------
+
+ROUND_TIMEOUT_S = 120.0  # per-attempt deadline, as reader_timeout_s in the 8xH100 configs
+
+
+class LeanDirect:
+    """Today's fleet path: pre-serialised head on LeanAsyncTransport.post_bytes (deadline by its timer)."""
+
+    def __init__(self, url: str, concurrency: int) -> None:
+        self.transport = LeanAsyncTransport(max_idle_per_host=concurrency)
+        endpoint = httpx.URL(url + "/v1/chat/completions")
+        with httpx.Client(headers={"Content-Type": "application/json"}) as c:
+            self.head = LeanAsyncTransport.request_head(c.build_request("POST", endpoint))
+        self.address = (endpoint.host, endpoint.port or 80)
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        status, _, content = await self.transport.post_bytes(self.address, self.head, body, ROUND_TIMEOUT_S)
+        return status, content
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+class HttpxClient:
+    """httpx.AsyncClient.post, deadline by asyncio.timeout (httpx's own timeouts are per read/write).
+
+    ``transport=None`` is httpx's default transport (httpcore) with the pool sized to the concurrency.
+    """
+
+    def __init__(self, url: str, concurrency: int, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.client = httpx.AsyncClient(
+            transport=transport,
+            limits=limits,
+            timeout=httpx.Timeout(ROUND_TIMEOUT_S),
+            headers={"Content-Type": "application/json"},
+        )
+        self.endpoint = httpx.URL(url + "/v1/chat/completions")
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        async with asyncio.timeout(ROUND_TIMEOUT_S):
+            response = await self.client.post(self.endpoint, content=body)
+        return response.status_code, response.content
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class AiohttpSession:
+    """aiohttp.ClientSession.post on a TCPConnector sized to the concurrency, total deadline by ClientTimeout."""
+
+    def __init__(self, url: str, concurrency: int) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency),
+            timeout=aiohttp.ClientTimeout(total=ROUND_TIMEOUT_S),
+            headers={"Content-Type": "application/json"},
+        )
+        self.endpoint = url + "/v1/chat/completions"
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        async with self.session.post(self.endpoint, data=body) as response:
+            return response.status, await response.read()
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+STACKS = {
+    "lean-direct": LeanDirect,
+    "lean-httpx": lambda url, n: HttpxClient(url, n, LeanAsyncTransport(max_idle_per_host=n)),
+    "httpx": HttpxClient,
+    "aiohttp": AiohttpSession,
+}
+
+
+def round_bodies(url: str, rollouts: int, queries: int, chunk_tokens: int) -> list[bytes]:
+    """One round's request bodies, encoded by the fleet: rollouts x queries x chunks."""
+    fleet = OpenAIReaderFleet([url], "fake-reader", api_key_env=None)
+    chunks = synthetic_chunks(chunk_tokens)
+    qs = (QUERIES * queries)[:queries]
+    one = [fleet.encode_body(ReaderRequest(q, c, f"c{i}")) for q in qs for i, c in enumerate(chunks)]
+    return one * rollouts
+
+
+async def run_round(stack: str, url: str, concurrency: int, bodies: list[bytes]) -> tuple[float, float]:
+    """(wall s, client CPU s) of one round after a warm-up wave that opens the pool's connections."""
+    client = STACKS[stack](url, concurrency)
+    slots = _Slots(concurrency)
+    failed = 0
+
+    async def one(body: bytes) -> None:
+        nonlocal failed
+        async with slots:
+            status, content = await client.post(body)
+        if status != 200 or not json.loads(content)["choices"][0]["message"]["content"]:
+            failed += 1
+
+    async def wave(batch: list[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        tasks = []
+        for i, body in enumerate(batch, 1):
+            tasks.append(loop.create_task(one(body)))
+            if i % 32 == 0:  # as OpenAIReaderFleet.answer starts a large batch
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+
+    try:
+        await wave(bodies[:concurrency])
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await wave(bodies)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    finally:
+        await client.aclose()
+    if failed:
+        print(f"  WARNING: {stack}: {failed} failed requests")
+    return wall, cpu
+
+
+def compare_stacks(args: argparse.Namespace) -> None:
+    stacks = [s for s in args.stacks if s != "aiohttp" or aiohttp is not None]
+    if len(stacks) < len(args.stacks):
+        print("aiohttp is not installed: skipped (pip install aiohttp to measure it)")
+    print(
+        f"client stacks, one round = {args.round_rollouts} rollouts x {args.round_queries} queries x "
+        f"{math.ceil(DOC_TOKENS / args.round_chunk_tokens)} chunks of {args.round_chunk_tokens} tokens; "
+        f"{args.repeats} interleaved repeats; min / median"
+    )
+    for latency in args.round_latencies:
+        with FakeServerProcess(latency) as server:
+            bodies = round_bodies(server.url, args.round_rollouts, args.round_queries, args.round_chunk_tokens)
+            n = len(bodies)
+            kb = sum(map(len, bodies)) / n / 1024
+            for concurrency in args.round_concurrency:
+                runs: dict[str, list[tuple[float, float]]] = {s: [] for s in stacks}
+                for _ in range(args.repeats):
+                    for stack in stacks:
+                        runs[stack].append(asyncio.run(run_round(stack, server.url, concurrency, bodies)))
+                bound = math.ceil(n / concurrency) * latency
+                print(
+                    f"  L={latency:.2f}s concurrency {concurrency}: {n} requests of {kb:.1f} KB"
+                    + (f", latency floor {bound:.2f}s" if latency else "")
+                )
+                for stack in stacks:
+                    walls = sorted(w for w, _ in runs[stack])
+                    cpus = sorted(c / n * 1e3 for _, c in runs[stack])
+                    med = len(walls) // 2
+                    print(
+                        f"    {stack:<12} client CPU {cpus[0]:.3f} / {cpus[med]:.3f} ms/request   "
+                        f"wall {walls[0]:.2f} / {walls[med]:.2f} s/round"
+                    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -174,9 +343,21 @@ def main() -> None:
     parser.add_argument(
         "--transport", choices=["lean", "httpx"], default="lean", help="client transport (default lean)"
     )
+    parser.add_argument("--skip-broadcast", action="store_true", help="only the client-stack comparison")
+    parser.add_argument("--stacks", nargs="*", choices=sorted(STACKS), default=list(STACKS))
+    parser.add_argument("--round-concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--round-latencies", type=float, nargs="+", default=[0.0, 0.05, 0.2])
+    parser.add_argument("--round-rollouts", type=int, default=16)
+    parser.add_argument("--round-queries", type=int, default=2)
+    parser.add_argument("--round-chunk-tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per stack (default 3)")
     args = parser.parse_args()
     global TRANSPORT
     TRANSPORT = args.transport
+    if args.skip_broadcast:
+        if args.stacks:
+            compare_stacks(args)
+        return
 
     chunk_sets = {512: synthetic_chunks(512), 4096: synthetic_chunks(4096)}
     print(f"document {DOC_TOKENS} tokens; 2 queries per reader; transport {args.transport}; {os.cpu_count()} CPUs")
@@ -189,6 +370,8 @@ def main() -> None:
     with FakeServerProcess(0.0) as server:
         for _chunk_tokens, chunks in chunk_sets.items():
             asyncio.run(run_overhead(server.url, args.concurrency[0], chunks, args.overhead_rounds))
+    if args.stacks:
+        compare_stacks(args)
 
 
 if __name__ == "__main__":
