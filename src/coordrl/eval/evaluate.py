@@ -56,7 +56,7 @@ from coordrl import __version__
 from coordrl.argtypes import add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
-from coordrl.envs.hmars import ROLE_ERROR_KEYS
+from coordrl.envs.protocols import Protocol, get_protocol
 from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
 from coordrl.rewards.metrics import nearest_rank_percentile
 from coordrl.rundir import RunLock, truncate_torn_tail
@@ -92,8 +92,6 @@ _FINGERPRINT_KEYS = (
     "max_completion_tokens",
     "hmars",
 )
-# HMARS evidence metrics (means over successful samples), reported beside accuracy for hmars policies.
-HMARS_METRICS = ("recall", "pages_selected", "evidence_tokens", "answer_prompt_tokens", "model_calls", "regions")
 
 FULLCONTEXT_SYSTEM_PROMPT = (
     "You answer questions about a document. Read the document, then reply with the answer inside "
@@ -398,15 +396,9 @@ class _Runner:
         self.policy = policy
         self.codec = ChatCodec(tokenizer)
         self.env_config = env_config
-        self.hmars = source.protocol == "hmars" and cfg.baseline != "fullcontext"
-        if source.protocol == "hmars":
-            from coordrl.envs.hmars import HmarsEnvFactory
-
-            self.factory = HmarsEnvFactory(env_config, tokenizer=tokenizer)
-        else:
-            from coordrl.envs.parser import ParserEnvFactory
-
-            self.factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
+        protocol = get_protocol(source.protocol)
+        self.by_region = protocol.answers_by_region and cfg.baseline != "fullcontext"
+        self.factory = protocol.factory(env_config, tokenizer=tokenizer)
         self.window = window
         self.max_new_tokens = max_new_tokens
 
@@ -451,8 +443,8 @@ class _Runner:
         }
         t0 = time.perf_counter()
         metered = _Metered(self.policy)
-        if self.hmars:
-            return self._run_hmars(base, row, metered, t0)
+        if self.by_region:
+            return self._run_by_region(base, row, metered, t0)
         try:
             env = self._step_env(row)
             actor = _MapReduce(metered) if self.cfg.baseline == "mapreduce" else metered
@@ -475,7 +467,7 @@ class _Runner:
         )
         return record
 
-    def _run_hmars(self, base: dict[str, Any], row: dict[str, Any], metered: _Metered, t0: float) -> dict[str, Any]:
+    def _run_by_region(self, base: dict[str, Any], row: dict[str, Any], metered: _Metered, t0: float) -> dict[str, Any]:
         """One sample of an hmars policy: all regions (`answer_all_regions`), one answer, evidence metrics."""
         from coordrl.envs.hmars import answer_all_regions
 
@@ -561,11 +553,11 @@ def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, prot
     out["latency_p50_s"] = nearest_rank_percentile(latencies, 50)
     out["latency_p95_s"] = nearest_rank_percentile(latencies, 95)
     out["latency_mean_s"] = _mean(latencies)
-    if protocol == "hmars":
-        for key in HMARS_METRICS:
-            out[key] = _mean(float(i.get(key, 0)) for i in infos)
-        for key in ROLE_ERROR_KEYS:  # totals, like reader_errors: a broken role is named in the table
-            out[key] = sum(i.get(key, 0) for i in infos)
+    spec = get_protocol(protocol)
+    for key in spec.eval_metrics:
+        out[key] = _mean(float(i.get(key, 0)) for i in infos)
+    for key in spec.role_error_metrics:  # totals, like reader_errors: a broken role is named in the table
+        out[key] = sum(i.get(key, 0) for i in infos)
     return out
 
 
@@ -659,8 +651,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         raise DataError("--concurrency, --max-turns, --chunk-tokens and --limit must be positive")
     subsets = discover_subsets(cfg.data)
     source = resolve_policy(cfg.policy)
-    hmars = source.protocol == "hmars"
-    if hmars and cfg.baseline == "mapreduce":
+    protocol = get_protocol(source.protocol)
+    if not protocol.uses_readers and cfg.baseline == "mapreduce":
         raise DataError(
             "--baseline mapreduce is PARSER's one-round baseline; for an hmars policy compare the ablations instead (--hmars mode=no_mid)"
         )
@@ -679,17 +671,12 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         except ValueError as e:  # the recorded base model is gone: one line naming it
             raise PolicyError(f"--baseline prompted: {source.spec} records a base {e}") from None
     try:
-        if hmars:  # reader chunks are PARSER's; HMARS regions and pages come from the recorded env
-            env_config = source.env_config(readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars)
-        else:
-            env_config = source.env_config(
-                readers=cfg.readers,
-                reader_model=cfg.reader_model,
-                max_turns=cfg.max_turns,
-                chunk_tokens=cfg.chunk_tokens,
-                hmars=cfg.hmars,
-            )
-        if cfg.baseline != "fullcontext" and not hmars:
+        # Round caps and chunk sizes are reader settings; HMARS regions and pages come from the recorded env.
+        reader_args = {"max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens} if protocol.uses_readers else {}
+        env_config = source.env_config(
+            readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args
+        )
+        if cfg.baseline != "fullcontext" and protocol.uses_readers:
             from coordrl.readers.fleet import make_fleet
 
             make_fleet(env_config.readers, env_config.reader_model)  # a bad --readers fails before any model loads
@@ -697,16 +684,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         if isinstance(e, DataError):
             raise
         raise DataError(str(e)) from None
-    env_config = _with_reader_limits(env_config, cfg, hmars)
+    env_config = _with_reader_limits(env_config, cfg, protocol)
     with RunLock(Path(cfg.out), what="--out", break_lock=cfg.break_lock):
         return _evaluate_locked(cfg, source, subsets, weights, env_config)
 
 
-def _with_reader_limits(env_config, cfg: EvalConfig, hmars: bool):
+def _with_reader_limits(env_config, cfg: EvalConfig, protocol: Protocol):
     """``env_config`` with the ``--reader-timeout`` / ``--reader-retries`` given (hmars: backend limits)."""
-    names = ("backend_timeout_s", "backend_retries") if hmars else ("reader_timeout_s", "reader_retries")
-    given = dict(zip(names, (cfg.reader_timeout_s, cfg.reader_retries), strict=True))
-    fixed = set(cfg.hmars or {}) if hmars else set()  # an explicit --hmars backend_timeout_s=... wins
+    given = dict(zip(protocol.limit_fields, (cfg.reader_timeout_s, cfg.reader_retries), strict=True))
+    fixed = set(cfg.hmars or {}) if protocol.settings_block else set()  # an explicit --hmars backend_timeout_s=... wins
     return replace(env_config, **{k: v for k, v in given.items() if v is not None and k not in fixed})
 
 

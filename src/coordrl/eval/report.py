@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coordrl.envs.protocols import get_protocol
+
 __all__ = [
     "ACCURACY_METRICS",
-    "HMARS_COLUMNS",
     "columns_for",
     "compare_results",
     "load_results",
@@ -40,47 +41,23 @@ def _int(v: Any) -> str:
     return "–" if v is None else f"{round(v):,}"
 
 
-# (key, header, formatter) of the per-length table.
-COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("samples", "n", _int),
-    ("sub_em", "sub_em", _pct),
-    ("guarded_sub_em", "guarded sub_em", _pct),
-    ("em", "EM", _pct),
-    ("f1", "F1", _pct),
-    ("answered", "answered", _pct),
-    ("turns", "turns", _num(2)),
-    ("queries_per_turn", "queries/turn", _num(2)),
-    ("reader_calls", "reader calls", _num(1)),
-    ("lead_prompt_tokens", "lead prompt tokens", _int),
-    ("latency_p50_s", "latency p50 (s)", _num(2)),
-    ("latency_p95_s", "latency p95 (s)", _num(2)),
-    ("gold_coverage", "gold coverage", _pct),
-    ("reader_errors", "reader errors", _int),
-    ("failed", "failed", _int),
-]
-# hmars policies: accuracy beside the HMARS evidence metrics (PARSER's reader columns mean nothing there).
-HMARS_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = COLUMNS[:6] + [  # n, accuracies, answered
-    ("recall", "evidence recall", _pct),
-    ("pages_selected", "pages selected", _num(1)),
-    ("answer_prompt_tokens", "answer prompt tokens", _int),
-    ("model_calls", "model calls", _num(1)),
-    ("regions", "regions", _num(1)),
-    ("lead_prompt_tokens", "policy prompt tokens", _int),
-    ("latency_p50_s", "latency p50 (s)", _num(2)),
-    ("latency_p95_s", "latency p95 (s)", _num(2)),
-    # Frozen-role failures (totals): endpoint errors, and replies that could not be parsed.
-    ("selector_errors", "selector errors", _int),
-    ("selector_parse_failures", "selector unparsed", _int),
-    ("answerer_errors", "answerer errors", _int),
-    ("answerer_parse_failures", "answerer unparsed", _int),
-    ("failed", "failed", _int),
-]
+# How each metric of the per-length table prints; which metrics a table shows, and under which
+# header, is the protocol's (`Protocol.table_columns`).
+_FORMATS: dict[str, Callable[[Any], str]] = {
+    "samples": _int, "sub_em": _pct, "guarded_sub_em": _pct, "em": _pct, "f1": _pct, "answered": _pct,
+    "turns": _num(2), "queries_per_turn": _num(2), "reader_calls": _num(1), "lead_prompt_tokens": _int,
+    "latency_p50_s": _num(2), "latency_p95_s": _num(2), "gold_coverage": _pct, "reader_errors": _int, "failed": _int,
+    "recall": _pct, "pages_selected": _num(1), "answer_prompt_tokens": _int, "model_calls": _num(1),
+    "regions": _num(1), "selector_errors": _int, "selector_parse_failures": _int, "answerer_errors": _int,
+    "answerer_parse_failures": _int,
+}  # fmt: skip
 _SHORT = {"sub_em": "sub_em", "guarded_sub_em": "guarded", "em": "EM", "f1": "F1"}
 
 
 def columns_for(results: dict[str, Any]) -> list[tuple[str, str, Callable[[Any], str]]]:
-    """The per-length table's columns: PARSER's, or HMARS's evidence metrics for an hmars policy."""
-    return HMARS_COLUMNS if results.get("protocol") == "hmars" else COLUMNS
+    """``(key, header, formatter)`` of the per-length table: the columns of the results' protocol."""
+    protocol = get_protocol(results.get("protocol") or "parser")
+    return [(key, header, _FORMATS.get(key, _num(2))) for key, header in protocol.table_columns]
 
 
 def load_results(folder: str | Path) -> dict[str, Any]:
@@ -128,30 +105,8 @@ def render_results_md(results: dict[str, Any]) -> str:
     s = results["settings"]
     failed_rule = "dropped from the denominator (--drop-failed)" if s.get("drop_failed") else "scored 0"
     columns = columns_for(results)
-    if results.get("protocol") == "hmars":
-        env = results.get("env") or {}
-        setup = (
-            f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
-            f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}; selector `{env.get('selector')}`, "
-            f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {s['max_new_tokens']} tokens "
-            f"per policy turn, temperature {s['temperature']}, seed {s['seed']}"
-            + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
-        )
-        legend = (
-            f"- failed requests: {failed_rule}; accuracy in % of the answer model's answer from the merged evidence; "
-            "evidence recall = share of gold Documents covered by the selected pages; model calls = frozen selector and "
-            "answer calls per question; policy prompt tokens = prompt tokens the mid-agent policy read over all regions"
-        )
-    else:
-        setup = (
-            f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
-            f"temperature {s['temperature']}, seed {s['seed']}"
-            + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
-        )
-        legend = (
-            f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
-            "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"
-        )
+    protocol = get_protocol(results.get("protocol") or "parser")
+    setup, legend = protocol.report_setup(results.get("env") or {}, s, failed_rule)
     lines = [
         f"# Evaluation: {results['label']}",
         "",
@@ -160,9 +115,9 @@ def render_results_md(results: dict[str, Any]) -> str:
         + (f", weights `{results['policy']['weights']}`" if results["policy"].get("weights") else ""),
         f"- data: `{results['data']}`"
         + (
-            ""
-            if results.get("protocol") == "hmars"
-            else f"; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else "")
+            f"; readers: `{s['readers']}`" + (f" (`{s['reader_model']}`)" if s.get("reader_model") else "")
+            if protocol.uses_readers
+            else ""
         ),
         setup,
         legend,
@@ -276,13 +231,10 @@ def render_comparison_md(results_list: Sequence[dict[str, Any]], names: Sequence
         ("latency_p95_s", _num(2)),
         ("failed", _int),
     ]
-    if any(r.get("protocol") == "hmars" for r in results_list):  # evidence metrics beside PARSER's process ones
-        process += [
-            ("recall", _pct),
-            ("pages_selected", _num(1)),
-            ("answer_prompt_tokens", _int),
-            ("model_calls", _num(1)),
-        ]
+    for res in results_list:  # e.g. HMARS's evidence metrics beside PARSER's process ones
+        for key in get_protocol(res.get("protocol") or "parser").compare_metrics:
+            if key not in dict(process):
+                process.append((key, _FORMATS[key]))
     rows = [
         [lab] + [f((res.get("overall") or {}).get(k)) for k, f in process] for lab, res in zip(labels, results_list)
     ]

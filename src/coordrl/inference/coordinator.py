@@ -30,6 +30,7 @@ import re
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -39,6 +40,7 @@ from typing import Any, Self
 from coordrl.argtypes import add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
+from coordrl.envs.protocols import get_protocol
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
 
 __all__ = [
@@ -239,16 +241,10 @@ class Coordinator:
         self.max_completion_tokens = max_completion_tokens
         self.codec = ChatCodec(tokenizer)
         self.protocol = source.protocol
-        if self.protocol == "hmars":
-            from coordrl.envs.hmars import HmarsEnvFactory
-
-            self.max_turns = source.eval_max_turns(max_turns)
-            self._factory = HmarsEnvFactory(env_config, tokenizer=tokenizer)
-        else:
-            from coordrl.envs.parser import ParserEnvFactory
-
-            self.max_turns = max_turns or env_config.max_turns
-            self._factory = ParserEnvFactory(env_config, tokenizer=tokenizer)
+        self._spec = get_protocol(source.protocol)
+        # PARSER's env config already holds the evaluation cap (or ``max_turns``); HMARS keeps training's.
+        self.max_turns = max_turns or getattr(env_config, "max_turns", None) or source.eval_max_turns(None)
+        self._factory = self._spec.factory(env_config, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -301,18 +297,14 @@ class Coordinator:
             env_config = source.env_config(
                 readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars
             )
-            names = (
-                ("backend_timeout_s", "backend_retries")
-                if source.protocol == "hmars"
-                else ("reader_timeout_s", "reader_retries")
-            )
+            spec = get_protocol(source.protocol)
             limits = {
                 k: v
-                for k, v in zip(names, (reader_timeout_s, reader_retries), strict=True)
+                for k, v in zip(spec.limit_fields, (reader_timeout_s, reader_retries), strict=True)
                 if v is not None and k not in (hmars or {})
             }
             env_config = replace(env_config, **limits)
-            if source.protocol != "hmars":
+            if spec.uses_readers:
                 from coordrl.readers.fleet import (
                     make_fleet,  # validate the reader spec now, not mid-episode
                 )
@@ -385,8 +377,8 @@ class Coordinator:
         from coordrl.envs.step import StepEnv
         from coordrl.rollout.episode import run_episode
 
-        if self.protocol == "hmars":
-            return self._run_hmars(text, question, n_tokens)
+        if self._spec.answers_by_region:
+            return self._run_by_region(text, question, n_tokens)
         env = StepEnv(
             self._factory(), self.codec, max_turns=self.max_turns,
             max_completion_tokens=self.max_completion_tokens, prompt_fn=lambda row: self.source.prompt(row["question"]),
@@ -413,7 +405,7 @@ class Coordinator:
         ]
         return Answer(answer=episode.prediction, trace=episode.messages, evidence=evidence, info=info)
 
-    def _run_hmars(self, text: str, question: str, n_tokens: int) -> Answer:
+    def _run_by_region(self, text: str, question: str, n_tokens: int) -> Answer:
         """All K mid-agent regions with this policy, concurrently; one answer from the merged pages.
 
         ``trace`` holds one entry per region (``region``, ``subagents``, ``pages``, ``error``,
@@ -509,19 +501,8 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     else:
         print(result.answer if result.answer is not None else "(no answer)")
-        i = result.info
-        if coord.protocol == "hmars":
-            print(
-                f"[{i.get('regions', 0)} region(s), {i.get('pages_selected', 0)} page(s) selected, "
-                f"{i.get('answer_prompt_tokens', 0)} answer-prompt tokens, {i.get('model_calls', 0)} model calls, {i.get('seconds', 0):.1f} s]",
-                file=sys.stderr,
-            )
-            return 0 if result.answer is not None else 1
-        print(
-            f"[{i.get('turns', 0)} round(s), {i.get('reader_calls', 0)} reader calls, {len(result.evidence)} finding(s), "
-            f"{i.get('chunks', 0)} chunks, {i.get('seconds', 0):.1f} s]",
-            file=sys.stderr,
-        )
+        figures = defaultdict(int, result.info, findings=len(result.evidence))  # a missing figure prints 0
+        print(get_protocol(coord.protocol).answer_summary.format_map(figures), file=sys.stderr)
     return 0 if result.answer is not None else 1
 
 

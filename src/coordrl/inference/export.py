@@ -25,12 +25,13 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
 from coordrl.data.errors import DataError
+from coordrl.envs.protocols import EVAL_CHUNK_TOKENS, EVAL_MAX_TURNS, PROTOCOLS, get_protocol
 
 __all__ = [
     "EVAL_CHUNK_TOKENS",
@@ -49,12 +50,6 @@ __all__ = [
 
 POLICY_META = "coordrl_policy.json"
 POLICY_FORMAT_VERSION = 1
-SUPPORTED_PROTOCOLS = ("parser", "hmars")
-# The one tool each protocol's policy calls (what the tool-schema probe and the model card name).
-PROTOCOL_TOOLS = {"parser": "query_agents", "hmars": "broadcast"}
-# PARSER evaluates with larger reader chunks and more rounds than it trains with.
-EVAL_MAX_TURNS = 12
-EVAL_CHUNK_TOKENS = 4096
 # vLLM flags that turn the export into an OpenAI tool-calling endpoint (Qwen family: hermes format).
 VLLM_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -130,11 +125,7 @@ class PolicySource:
         """Tool rounds for evaluation and inference: ``max_turns`` when given; else PARSER's
         evaluation cap (12) for ``parser``, and training's cap for ``hmars`` (its mid-agent
         broadcasts once; extra rounds would only allow retries training never allowed)."""
-        if max_turns:
-            return max_turns
-        if self.protocol == "hmars":
-            return self.train_max_turns or 1
-        return EVAL_MAX_TURNS
+        return get_protocol(self.protocol).eval_max_turns(max_turns, self.train_max_turns)
 
     def env_config(
         self,
@@ -156,55 +147,21 @@ class PolicySource:
         with ``hmars`` (field -> value, e.g. ``{"c_sub": 4096, "selector": "http://..."}``)
         applied on top; the PARSER reader arguments do not apply and are refused when set.
         """
-        if self.protocol == "hmars":
-            return self._hmars_config(readers, reader_model, chunk_tokens, hmars)
-        if hmars:
+        protocol = get_protocol(self.protocol)
+        if hmars and not protocol.settings_block:
             raise PolicyError(
                 f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply"
             )
-        from coordrl.envs.parser import ParserEnvConfig
-
-        known = {f.name for f in fields(ParserEnvConfig)}
-        kwargs = {k: v for k, v in self.env.items() if k in known}
-        if readers is not None:
-            kwargs["readers"] = readers
-            kwargs["reader_model"] = reader_model
-        elif reader_model is not None:
-            kwargs["reader_model"] = reader_model
-        kwargs["max_turns"] = max_turns or EVAL_MAX_TURNS
-        kwargs["chunk_tokens"] = chunk_tokens or EVAL_CHUNK_TOKENS
-        kwargs["tokenizer"] = self.path  # chunking and budgets use the policy's own tokenizer
-        return ParserEnvConfig(**kwargs)
-
-    def _hmars_config(
-        self, readers: str | None, reader_model: str | None, chunk_tokens: int | None, overrides: dict[str, Any] | None
-    ):
-        from coordrl.envs.hmars import HmarsEnvConfig
-
-        if (readers not in (None, "lexical")) or reader_model or chunk_tokens:
-            raise PolicyError(
-                f"{self.spec} is an hmars policy: readers / reader_model / chunk_tokens are PARSER settings; "
-                "set the frozen roles and regions through the HMARS settings instead (e.g. selector=URL, c_sub=N)"
-            )
-        known = {f.name for f in fields(HmarsEnvConfig)}
-        unknown = sorted(set(overrides or {}) - known)
-        if unknown:
-            raise PolicyError(f"unknown HMARS setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        kwargs = {k: v for k, v in self.env.items() if k in known}
-        kwargs.update(overrides or {})
-        kwargs["tokenizer"] = self.path  # regions, pages and token counts use the policy's own tokenizer
-        return HmarsEnvConfig(**kwargs)
+        try:
+            overrides = protocol.eval_settings(readers, reader_model, max_turns, chunk_tokens)
+            # Chunks, regions, pages and budgets count the policy's own tokenizer's tokens.
+            return protocol.config(self.env, **{**overrides, **(hmars or {}), "tokenizer": self.path})
+        except ValueError as e:
+            raise PolicyError(f"{self.spec} is a {self.protocol} policy: {e}") from None
 
     def prompt(self, question: str) -> list[dict[str, str]]:
         """The ``[system, user]`` conversation an episode starts from (the protocol's prompt)."""
-        from coordrl.envs.prompts import lead_prompt
-
-        if self.protocol == "hmars":
-            from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT, hmars_prompt
-
-            return hmars_prompt(question, self.system_prompt or MID_AGENT_SYSTEM_PROMPT)
-
-        return lead_prompt(question, self.system_prompt) if self.system_prompt else lead_prompt(question)
+        return get_protocol(self.protocol).prompt(question, self.system_prompt)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -217,21 +174,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _default_system_prompt(protocol: str) -> str:
-    """coordrl's system prompt of ``protocol`` (for metadata that records none)."""
-    if protocol == "hmars":
-        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
-
-        return MID_AGENT_SYSTEM_PROMPT
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-
-    return LEAD_SYSTEM_PROMPT
-
-
 def _check_protocol(where: Path, protocol: Any) -> str:
-    if protocol not in SUPPORTED_PROTOCOLS:
+    if protocol not in PROTOCOLS:
         raise PolicyError(
-            f"{where} was trained for protocol {protocol!r}; coordrl eval/export/answer support {', '.join(SUPPORTED_PROTOCOLS)} only"
+            f"{where} was trained for protocol {protocol!r}; coordrl eval/export/answer support {', '.join(PROTOCOLS)} only"
         )
     return str(protocol)
 
@@ -357,7 +303,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
                 "export",
                 str(path),
                 protocol=protocol,
-                system_prompt=meta.get("system_prompt") or _default_system_prompt(protocol),
+                system_prompt=meta.get("system_prompt") or get_protocol(protocol).system_prompt,
                 answer_format=meta.get("answer_format") or "<answer>...</answer>",
                 env=dict(meta.get("env") or {}),
                 base_model=meta.get("base_model"),
@@ -373,7 +319,7 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
                 "checkpoint",
                 str(path),
                 protocol=str(meta["protocol"]),
-                system_prompt=meta.get("system_prompt") or _default_system_prompt(str(meta["protocol"])),
+                system_prompt=meta.get("system_prompt") or get_protocol(meta["protocol"]).system_prompt,
                 answer_format=meta.get("answer_format") or "<answer>...</answer>",
                 env=dict(meta.get("env") or {}),
                 base_model=meta.get("base_model"),
@@ -397,17 +343,6 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
     )
 
 
-def _probe_env(protocol: str = "parser") -> Any:
-    """An unbound environment of ``protocol``: enough to read its tools (no readers, no index)."""
-    if protocol == "hmars":
-        from coordrl.envs.hmars import HmarsEnvConfig, MidAgentEnv
-
-        return MidAgentEnv(HmarsEnvConfig(), backends=None, tokenizer=None, index_cache=None)  # type: ignore[arg-type]
-    from coordrl.envs.parser import ParserEnvConfig, ParserLeadEnv
-
-    return ParserLeadEnv(ParserEnvConfig(), fleet=None, tokenizer=None)  # type: ignore[arg-type]
-
-
 def tool_schemas(protocol: str = "parser") -> list[dict[str, Any]]:
     """JSON schemas of the protocol's tools (PARSER ``query_agents``, HMARS ``broadcast``) exactly as
     the chat template receives them."""
@@ -415,7 +350,7 @@ def tool_schemas(protocol: str = "parser") -> list[dict[str, Any]]:
 
     from coordrl.envs.chat import env_tools
 
-    return [get_json_schema(tool) for tool in env_tools(_probe_env(protocol))]
+    return [get_json_schema(tool) for tool in env_tools(get_protocol(protocol).probe_env())]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -428,19 +363,14 @@ def _probe_ids(codec, protocol: str = "parser") -> tuple[list[int], list[int]]:
     and of a tool-result suffix."""
     from coordrl.envs.chat import env_tools
 
-    tools = env_tools(_probe_env(protocol))
-    if protocol == "hmars":
-        from coordrl.envs.hmars_prompts import hmars_prompt
-
-        prompt = hmars_prompt("Who wrote the novel?")
-        args: dict[str, Any] = {"interpretation": "The novel's author.", "hints": {"s0": "author of the novel"}}
-        result = "1 of 1 sub-agents selected pages (mode full).\n- s0: page 0 (Documents 1)"
-    else:
-        from coordrl.envs.prompts import lead_prompt
-
-        prompt = lead_prompt("Who wrote the novel?")
-        args, result = {"queries": ["Who wrote it?"]}, "1 finding(s) from 2 readers for 1 query(ies)."
-    name = PROTOCOL_TOOLS[protocol]
+    tools = env_tools(get_protocol(protocol).probe_env())
+    spec = get_protocol(protocol)
+    prompt, args, result, name = (
+        spec.prompt("Who wrote the novel?"),
+        dict(spec.probe_arguments),
+        spec.probe_result,
+        spec.tool,
+    )
     call = {"type": "function", "function": {"name": name, "arguments": args}}
     tool_msg = {"role": "tool", "name": name, "content": result}
     convo = [*prompt, {"role": "assistant", "content": "", "tool_calls": [call]}, tool_msg]
@@ -495,12 +425,6 @@ def _find_eval(src: Path, eval_dir: str | Path | None) -> Path | None:
     return None
 
 
-_HMARS_SUMMARY_KEYS = (
-    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "writer", "writer_model", "selector",
-    "selector_model", "answerer", "answerer_model", "recall_weight", "evidence_budget_tokens", "budget_weight",
-)  # fmt: skip
-
-
 def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[str, Any]:
     config = meta.get("config") or {}
     protocol = str(meta["protocol"])
@@ -521,36 +445,14 @@ def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[
         "chat_template": template_source,
         "env": env,
     }
-    if protocol == "hmars":
-        train_turns = config.get("max_turns")
-        return {
-            **common,
-            # reset() returns the regional memory, which is appended to the user message.
-            "user_message_format": "Question: {question}\n\n{regional memory}",
-            "hmars": {k: env.get(k) for k in _HMARS_SUMMARY_KEYS},
-            # The mid-agent broadcasts once per region; evaluation keeps training's cap on retries.
-            "turn_caps": {"train_max_turns": train_turns, "eval_max_turns": train_turns},
-            "generation": _generation_from_config(config),
-            "serving": {"vllm_serve_flags": list(VLLM_TOOL_FLAGS)},
-        }
+    spec = get_protocol(protocol)
+    train_turns = env.get("max_turns") or config.get("max_turns")
     return {
         **common,
-        "user_message_format": "Question: {question}",
-        "readers": {
-            k: env.get(k)
-            for k in (
-                "readers",
-                "reader_model",
-                "reader_max_tokens",
-                "lexical_threshold",
-                "reader_timeout_s",
-                "reader_retries",
-            )
-        },
-        "turn_caps": {"train_max_turns": env.get("max_turns"), "eval_max_turns": EVAL_MAX_TURNS},
-        "chunk_tokens": {"train": env.get("chunk_tokens"), "eval": EVAL_CHUNK_TOKENS},
-        "observation_max_tokens": env.get("observation_max_tokens"),
-        "max_queries": env.get("max_queries"),
+        "user_message_format": spec.user_message_format,
+        spec.summary_key: {k: env.get(k) for k in spec.summary_fields},
+        "turn_caps": {"train_max_turns": train_turns, "eval_max_turns": spec.eval_max_turns(None, train_turns)},
+        **spec.policy_extras(env),
         "generation": _generation_from_config(config),
         "serving": {"vllm_serve_flags": list(VLLM_TOOL_FLAGS)},
     }
@@ -649,46 +551,6 @@ def _shift_headings(markdown: str) -> str:
     return "\n".join("##" + line if line.startswith("#") else line for line in lines).strip()
 
 
-def _parser_card_protocol(meta: dict[str, Any]) -> list[str]:
-    env = meta.get("env") or {}
-    return [
-        ("Without `policy_url` the model runs in-process with transformers. Readers: `lexical` (model-free) or "
-        "comma-separated URLs of OpenAI-compatible reader servers (`coordrl serve-readers`) with `reader_model`."),
-        "",
-        "## Protocol",
-        "",
-        (f"- tool: `query_agents(queries: list[str])`, at most {meta.get('max_queries')} queries per call; "
-        f"observations truncated at {meta.get('observation_max_tokens')} tokens with a visible marker"),
-        f"- user message: `{meta.get('user_message_format')}`; final answer: `{meta.get('answer_format')}`",
-        f"- turn caps: {meta['turn_caps']['train_max_turns']} tool rounds in training, {meta['turn_caps']['eval_max_turns']} for evaluation",
-        f"- reader chunks: {meta['chunk_tokens']['train']} tokens in training, {meta['chunk_tokens']['eval']} for evaluation",
-        f"- training readers: `{env.get('readers')}`" + (f" (`{env.get('reader_model')}`)" if env.get("reader_model") else ""),
-    ]  # fmt: skip
-
-
-def _hmars_card_protocol(meta: dict[str, Any]) -> list[str]:
-    h = meta.get("hmars") or {}
-
-    def role(name: str) -> str:
-        return f"`{h.get(name)}`" + (f" (`{h.get(name + '_model')}`)" if h.get(name + "_model") else "")
-
-    return [
-        ("Without `policy_url` the model runs in-process with transformers. The frozen roles (card writer, page "
-        f"selector, answer model) and the region sizes come from `{POLICY_META}`; `Coordinator.from_pretrained(..., "
-        "hmars={...})` (or `--hmars KEY=VALUE`) overrides them, e.g. `selector=http://host:8001/v1`."),
-        "",
-        "## Protocol",
-        "",
-        "- tool: `broadcast(interpretation: str, hints: dict[str, str])`, once per region",
-        f"- user message: `{meta.get('user_message_format')}`",
-        (f"- regions: sub-agents of {h.get('c_sub')} tokens, pages of {h.get('page_tokens')} tokens, {h.get('group_size')} "
-        "sub-agents per mid-agent; a document of K mid-agent regions runs the policy K times concurrently and is answered once"),
-        f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
-        f"- training roles: writer {role('writer')}, selector {role('selector')}, answerer {role('answerer')}",
-        f"- turn cap: {meta['turn_caps']['train_max_turns']} tool round(s) per region",
-    ]  # fmt: skip
-
-
 def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_md: str | None) -> str:
     """The export's README.md: a Hugging Face model card, its metadata (front matter) written by
     `huggingface_hub.ModelCardData` so the Hub reads it as it reads any card; built offline, nothing is fetched."""
@@ -702,7 +564,7 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         base_model=base if _is_hub_id(base) else None,
         tags=["coordrl", meta.get("protocol") or "parser", "tool-use", "grpo", "long-context"],
     )
-    hmars = meta.get("protocol") == "hmars"
+    spec = get_protocol(meta.get("protocol") or "parser")
     qwen = model_type.lower().startswith("qwen")
     serve = f"vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}"
     step = meta.get("training_step")
@@ -711,21 +573,9 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         f"{meta.get('trained_with_coordrl') or ''} (GRPO on TRL) from `{base}`"
         + (f", step {step}" if step is not None else "")
     )
-    if hmars:
-        about = (
-            f"{trained}. It is an HMARS mid-agent: it never reads the document. For each mid-agent region it sees the "
-            "question and the region's memory (summary, sub-agent map, cross-references) and calls `broadcast` once with "
-            "an interpretation and a hint per sub-agent; frozen selectors pick evidence pages and a frozen answer model "
-            "answers from the merged pages of all regions."
-        )
-    else:
-        about = (
-            f"{trained}. It never reads the document: it calls the `query_agents` tool, which broadcasts its questions to "
-            "frozen reader models (one per document chunk), gathers their findings over several rounds, and answers in "
-            f"`{meta.get('answer_format')}`."
-        )
+    about = spec.card_about.format(trained=trained, answer_format=meta.get("answer_format"))
     lines = [
-        f"# {out.name}: {'HMARS mid-agent' if hmars else 'PARSER lead-agent'} coordinator",
+        f"# {out.name}: {spec.title} coordinator",
         "",
         about,
         "",
@@ -734,7 +584,7 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         "- `model.safetensors` (or shards), `config.json`, `generation_config.json`: the weights (safetensors only).",
         f"- tokenizer files and `chat_template.jinja`: chat template = {meta.get('chat_template')}.",
         f"- `{POLICY_META}`: protocol, tool schemas, system prompt, answer format, "
-        + ("HMARS region, page and frozen-role settings" if hmars else "reader settings")
+        + spec.card_settings
         + ", turn caps.",
         "",
         "## Serving with vLLM",
@@ -749,23 +599,19 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
         ),
         "",
         "```bash",
-        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000"
-        + ("" if hmars else " --readers lexical")
-        + " \\",
+        f"coordrl answer --policy {out} --policy-url http://127.0.0.1:8000" + spec.answer_flags + " \\",
         "    --document doc.txt --question 'Who directed the film?'",
         "```",
         "",
         "```python",
         "from coordrl.inference.coordinator import Coordinator",
         "",
-        f'coord = Coordinator.from_pretrained("{out}", '
-        + ("" if hmars else 'readers="lexical", ')
-        + 'policy_url="http://127.0.0.1:8000")',
+        f'coord = Coordinator.from_pretrained("{out}", ' + spec.answer_kwargs + 'policy_url="http://127.0.0.1:8000")',
         'result = coord.answer(open("doc.txt").read(), "Who directed the film?")',
         "print(result.answer, result.evidence)",
         "```",
         "",
-        *(_hmars_card_protocol(meta) if hmars else _parser_card_protocol(meta)),
+        *spec.card_section(meta, POLICY_META),
         "",
         "Tool schema, as rendered into the prompt:",
         "",

@@ -20,8 +20,7 @@ import yaml
 
 from coordrl.data.errors import ConfigError
 from coordrl.envs.parser import ParserEnvConfig
-
-PROTOCOLS = ("parser", "hmars")
+from coordrl.envs.protocols import PROTOCOLS, get_protocol
 
 
 @dataclass
@@ -107,11 +106,22 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.coord), **self.grpo}
 
-    def env_config(self, tokenizer: str | None = None) -> ParserEnvConfig:
-        """The environment settings of this run; ``tokenizer`` defaults to the config's, else the policy's."""
-        values = {f.name: getattr(self.coord, f.name) for f in dataclasses.fields(ParserEnvConfig)}
+    def env_config(self, tokenizer: str | None = None) -> Any:
+        """The environment settings of this run, as the protocol's config class.
+
+        Taken from the top-level fields the class shares with `CoordConfig` (PARSER's are all
+        top-level), then the block named after the protocol (``hmars:``). ``tokenizer`` defaults to
+        the config's, else the policy's.
+        """
+        protocol = get_protocol(self.coord.protocol)
+        values = {
+            f.name: getattr(self.coord, f.name)
+            for f in dataclasses.fields(protocol.config_cls)
+            if hasattr(self.coord, f.name)
+        }
         values["tokenizer"] = self.coord.tokenizer or tokenizer
-        return ParserEnvConfig(**values)
+        values.update(getattr(self.coord, protocol.name, None) or {})
+        return protocol.config(values)
 
 
 @functools.cache
@@ -225,7 +235,7 @@ def _check_readers(coord: CoordConfig) -> None:
         raise ConfigError(f"reader_timeout_s: must be > 0 seconds, got {coord.reader_timeout_s}")
     if coord.reader_retries < 0:
         raise ConfigError(f"reader_retries: must be >= 0, got {coord.reader_retries}")
-    if coord.protocol != "parser" or coord.readers.strip() == "lexical":
+    if not get_protocol(coord.protocol).uses_readers or coord.readers.strip() == "lexical":
         return
     urls = [u.strip() for u in coord.readers.split(",") if u.strip()]
     if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
@@ -264,7 +274,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise _unknown(key, known)
     coord = CoordConfig(**coord_kwargs)
     if coord.protocol not in PROTOCOLS:
-        raise ConfigError(f"protocol: must be one of {PROTOCOLS}, got {coord.protocol!r}")
+        raise ConfigError(f"protocol: must be one of {tuple(PROTOCOLS)}, got {coord.protocol!r}")
     if not coord.model:
         raise ConfigError("model: required (a local model folder or a hub id)")
     if coord.max_turns < 1:
@@ -279,9 +289,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             "or eval_strategy: no"
         )
     if coord.hmars is not None:
-        from coordrl.envs.hmars import HmarsEnvConfig
-
-        known_hmars = {f.name for f in dataclasses.fields(HmarsEnvConfig)}
+        known_hmars = {f.name for f in dataclasses.fields(get_protocol("hmars").config_cls)}
         bad = sorted(set(coord.hmars) - known_hmars)
         if bad:
             raise ConfigError(f"hmars: unknown key(s) {bad}; known: {sorted(known_hmars)}")

@@ -41,6 +41,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from coordrl.envs.protocols import get_protocol
 from coordrl.train.config import TrainConfig
 
 __all__ = [
@@ -385,6 +386,7 @@ class ReaderRound:
     retries: int
     backoff_s: float
     concurrency: int
+    names: tuple[str, str] = ("reader_timeout_s", "reader_retries")  # the settings that set timeout_s / retries
 
     @property
     def worst_case_s(self) -> float:
@@ -405,12 +407,14 @@ def _fleet_backoff_s() -> float:
 def reader_round(cfg: TrainConfig) -> ReaderRound:
     """The run's `ReaderRound` from ``reader_timeout_s`` / ``reader_retries`` (HMARS: its backend settings)."""
     c = cfg.coord
-    if c.protocol == "hmars":
-        h = c.hmars or {}
-        return ReaderRound("hmars", float(h.get("backend_timeout_s", 60.0)), int(h.get("backend_retries", 3)),
-                           _fleet_backoff_s(), int(h.get("backend_concurrency", 64)))  # fmt: skip
-    kind = "lexical" if c.readers.strip() == "lexical" else "http"
-    return ReaderRound(kind, c.reader_timeout_s, c.reader_retries, _fleet_backoff_s(), c.reader_concurrency)
+    protocol = get_protocol(c.protocol)
+    env = cfg.env_config()
+    timeout_s, retries = (getattr(env, name) for name in protocol.limit_fields)
+    if protocol.uses_readers:
+        kind, concurrency = ("lexical" if c.readers.strip() == "lexical" else "http"), c.reader_concurrency
+    else:  # the frozen roles' endpoints
+        kind, concurrency = protocol.name, int(getattr(env, "backend_concurrency", 64))
+    return ReaderRound(kind, float(timeout_s), int(retries), _fleet_backoff_s(), concurrency, protocol.limit_fields)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -911,11 +915,7 @@ def format_plan(plan: Plan) -> str:
         if rr.kind == "lexical":
             out.append("  readers       lexical (in process): no network timeouts")
         else:
-            names = (
-                ("backend_timeout_s", "backend_retries")
-                if rr.kind == "hmars"
-                else ("reader_timeout_s", "reader_retries")
-            )
+            names = rr.names
             out += [
                 f"  {names[0]:<17} {rr.timeout_s:g} s per attempt;  {names[1]} {rr.retries};  backoff {rr.backoff_s:g} s doubling",
                 (

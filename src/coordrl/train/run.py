@@ -1,6 +1,6 @@
 """`coordrl train`: build TRL's trainer from a config and run it (or print the plan).
 
-The same environment (`ParserEnvFactory`), prompts (`coordrl.envs.prompts`) and reward as
+The same environment (the protocol's factory), prompts (`coordrl.envs.protocols`) and reward as
 evaluation and inference. Checkpoints land in ``<output_dir>/checkpoint-<step>/`` and record the
 config, protocol, prompts and reader settings (``coordrl_train.json``); a ``COMPLETE`` marker is
 written last, and ``--resume`` continues from the newest complete checkpoint.
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.envs.protocols import get_protocol
 from coordrl.rollout.models import (
     CHECKPOINT_META,
     COMPLETE_MARKER,
@@ -62,7 +63,6 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
     """Load a built dataset folder, or build one from the shipped sample; add the ``prompt`` column."""
     from coordrl.data.build import BuildConfig, build_dataset
     from coordrl.data.show import load_built
-    from coordrl.envs.prompts import lead_prompt
 
     if spec is None:
         return None
@@ -106,25 +106,13 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
         "chunk_documents",
     }
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
-    if coord.protocol == "hmars":
-        from coordrl.envs.hmars_prompts import hmars_prompt as make_prompt
-    else:
-        make_prompt = lead_prompt
-    system = system_prompt_of(coord)
-    return ds.map(lambda row: {"prompt": make_prompt(row["question"], system)}, desc=f"prompts ({split})")
+    protocol, system = get_protocol(coord.protocol), system_prompt_of(coord)
+    return ds.map(lambda row: {"prompt": protocol.prompt(row["question"], system)}, desc=f"prompts ({split})")
 
 
 def system_prompt_of(coord: CoordConfig) -> str:
     """The run's system prompt: the config's, else coordrl's for the protocol."""
-    if coord.system_prompt:
-        return coord.system_prompt
-    if coord.protocol == "hmars":
-        from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT
-
-        return MID_AGENT_SYSTEM_PROMPT
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-
-    return LEAD_SYSTEM_PROMPT
+    return coord.system_prompt or get_protocol(coord.protocol).system_prompt
 
 
 def _shipped_train_sample() -> Path:
@@ -137,14 +125,7 @@ def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
     from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 
     system_prompt = system_prompt_of(cfg.coord)
-    if cfg.coord.protocol == "hmars":
-        from coordrl.envs.hmars import HmarsEnvConfig
-
-        settings = dict(cfg.coord.hmars or {})
-        settings.setdefault("tokenizer", cfg.coord.tokenizer or model_path)
-        tools, env = ["broadcast"], asdict(HmarsEnvConfig(**settings))
-    else:
-        tools, env = ["query_agents"], asdict(cfg.env_config(model_path))
+    tools, env = [get_protocol(cfg.coord.protocol).tool], asdict(cfg.env_config(model_path))
     return {
         "coordrl_version": __version__,
         "protocol": cfg.coord.protocol,
@@ -197,15 +178,6 @@ def _secret_safe_env() -> None:
         os.environ["WANDB_MODE"] = "offline"  # works without an account; `wandb sync` uploads later
 
 
-def hmars_factory(cfg: TrainConfig, model_path: str, tokenizer):
-    """The HMARS mid-agent environment factory for ``protocol: hmars``."""
-    from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
-
-    settings = dict(cfg.coord.hmars or {})
-    settings.setdefault("tokenizer", cfg.coord.tokenizer or model_path)
-    return HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tokenizer)
-
-
 def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=None):
     """The configured `CoordGRPOTrainer` (not yet training).
 
@@ -215,7 +187,6 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     """
     from trl import GRPOConfig
 
-    from coordrl.envs.parser import ParserEnvFactory
     from coordrl.train.plan import check_batch
     from coordrl.train.reward import EpisodeReward
     from coordrl.train.trainer import CoordGRPOTrainer
@@ -241,13 +212,13 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
     rank = int(os.environ.get("RANK", "0"))
     trace_dir = output_dir / "traces" if cfg.coord.traces else None
-    if cfg.coord.protocol == "hmars":
-        # The mid-agent's reward is the frozen answer model's exact match: the environment owns it
-        # (`MidAgentEnv.get_reward`, which TRL adds as a reward column); EpisodeReward only logs.
-        factory = hmars_factory(cfg, model_path, tokenizer)
+    protocol = get_protocol(cfg.coord.protocol)
+    factory = protocol.factory(cfg.env_config(model_path), tokenizer=tokenizer, fleet=fleet)
+    if protocol.env_owns_reward:
+        # HMARS: the frozen answer model's exact match is the reward; the environment owns it
+        # (`get_reward`, which TRL adds as a reward column) and EpisodeReward only logs.
         reward = EpisodeReward(trace_dir, rank=rank, score=False)
     else:
-        factory = ParserEnvFactory(cfg.env_config(model_path), fleet=fleet, tokenizer=tokenizer)
         reward = EpisodeReward(trace_dir, rank=rank, eos_token_id=tokenizer.eos_token_id)
     trainer = (trainer_cls or CoordGRPOTrainer)(
         model=model,
