@@ -22,7 +22,7 @@ from coordrl.data import BuildConfig, build_dataset
 from coordrl.data.show import load_built
 from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.chat import ChatCodec, env_tools
-from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory, run_all_regions
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
 from coordrl.envs.hmars_index import (
     IndexCache,
     IndexSettings,
@@ -345,35 +345,40 @@ def test_failing_endpoints_are_counted_not_raised(samples, tok):
 
 
 def test_all_regions_run_concurrently_and_answer_once(samples, tok):
+    from coordrl.envs.hmars import answer_all_regions
+
     f = _factory(tok, group_size=3)  # 8 sub-agents -> K = 3 mid-agents
     row = samples[0]
     seen = []
 
-    async def policy(messages):
-        text = messages[-1]["content"]
-        seen.append(text)
-        ids = text.split("sub-agents ", 1)[1].split(")", 1)[0].split(", ")
-        if "s6" in ids:
-            return "I will not call the tool."  # one region's policy misbehaves: it loses only its evidence
-        return call(
-            "Nationalities of Scott Derrickson and Ed Wood",
-            {i: GOOD_HINTS.get(i, "Scott Derrickson Ed Wood American") for i in ids},
-        )
+    class RegionPolicy:
+        """Reads its region's sub-agent ids from the memory and hints each of them."""
 
-    result = asyncio.run(run_all_regions(f, policy, row))
+        def act(self, env):
+            text = env.messages[-1]["content"]
+            seen.append(text)
+            ids = text.split("sub-agents ", 1)[1].split(")", 1)[0].split(", ")
+            if "s6" in ids:
+                return "I will not call the tool."  # one region's policy misbehaves: it loses only its evidence
+            return call(
+                "Nationalities of Scott Derrickson and Ed Wood",
+                {i: GOOD_HINTS.get(i, "Scott Derrickson Ed Wood American") for i in ids},
+            )
+
+    result = answer_all_regions(f, ChatCodec(tok), RegionPolicy(), row, max_turns=1)
     assert len(seen) == 3 and all(m.startswith("Question: ") for m in seen)
     assert [r["subagents"] for r in result.regions] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    assert (
-        result.regions[2]["error"] == "no broadcast tool call in the policy reply" and result.regions[2]["pages"] == []
-    )
+    assert result.regions[2]["error"] == "no broadcast: the policy replied without a tool call"
+    assert result.regions[2]["pages"] == [] and result.info["regions_failed"] == 1
     idx = f.index_cache._memory[next(iter(f.index_cache._memory))]
     for r in result.regions:
         assert all(idx.pages[p].subagent in r["subagents"] for p in r["pages"])
     assert result.pages == sorted(result.pages) and set(result.pages) == {p for r in result.regions for p in r["pages"]}
     assert result.recall == 1.0 and result.model_calls == 6 + 1 and result.answer
     assert result.evidence_tokens == sum(idx.pages[p].num_tokens for p in result.pages)
+    assert result.info["policy_turns"] == 3 and result.info["broadcasts"] == 2
     with pytest.raises(ValueError, match="out of range"):
-        _bound(f, row)._bind_region(3)
+        _bound(f, row).episode.bind_region(3)
 
 
 def _bound(f, row):

@@ -185,7 +185,7 @@ def test_coordinator_merges_evidence_of_all_regions(export_dir, row):
 
 def test_region_prompts_are_the_training_prompts(export_dir, row):
     from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.hmars import HmarsEnvFactory, _RegionMidAgent
+    from coordrl.envs.hmars import HmarsEnvFactory
     from coordrl.envs.hmars_prompts import hmars_prompt
     from coordrl.envs.step import StepEnv
 
@@ -195,7 +195,7 @@ def test_region_prompts_are_the_training_prompts(export_dir, row):
     codec = ChatCodec(f.tokenizer)
     train = StepEnv(f(), codec, max_turns=1, prompt_fn=lambda r: hmars_prompt(r["question"]))
     region = StepEnv(
-        _RegionMidAgent(cfg, f.backends, f.tokenizer, f.index_cache, 0),
+        f(region=0, answers=False),
         codec,
         max_turns=1,
         prompt_fn=lambda r: hmars_prompt(r["question"]),

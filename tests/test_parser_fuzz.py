@@ -479,9 +479,10 @@ def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
 
 
 def test_selector_replies_with_hostile_numbers_and_nesting_parse_or_fall_back():
-    from coordrl.envs.hmars import HmarsEnvConfig, _Backends
+    from coordrl.envs.hmars import HmarsEnvConfig
+    from coordrl.envs.hmars_roles import Backends
 
-    backends = _Backends(HmarsEnvConfig())  # lexical roles: nothing is served, only the reply parser runs
+    backends = Backends(HmarsEnvConfig())  # lexical roles: nothing is served, only the reply parser runs
     allowed = {3, 4, 5}
     replies = [
         '{"pages": [{"id": 3, "confidence": ' + "9" * 400 + "}]}",  # an int too large for a float

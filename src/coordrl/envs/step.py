@@ -223,3 +223,64 @@ class StepEnv:
             result = {"error": safe_str(e, None)}
         content = result if isinstance(result, list) else safe_str(result, None)
         return {"role": "tool", "name": safe_str(name, None), "content": content}
+
+
+@dataclass
+class Outcome:
+    """How `play` ended one episode.
+
+    ``reason``: ``terminated`` (the policy answered, or its turn could not be parsed), ``truncated``
+    (a tool-round or completion-token cap), ``stopped`` (the caller's ``stop`` predicate held: the
+    episode is not over, its environment may go on elsewhere), ``no_tokens`` (the policy produced
+    nothing: its completion budget was spent) or ``turn_limit`` (``max_policy_turns`` ran out). The
+    last two end the episode through `StepEnv.truncate`.
+    """
+
+    step: Step
+    reason: str
+
+    @property
+    def ended_by_env(self) -> bool:
+        """The environment ended the episode (an answer or a cap), not the caller or the policy."""
+        return self.reason in ("terminated", "truncated")
+
+
+def play(
+    envs: Sequence[StepEnv],
+    act: Callable[[list[StepEnv]], Sequence[str | Sequence[int]]],
+    max_policy_turns: int,
+    stop: Callable[[StepEnv], bool] | None = None,
+) -> list[Outcome]:
+    """The episode loop: every rollout, evaluation, inference and learning-check episode runs here.
+
+    Each round asks ``act`` for one assistant turn per episode still running (a batch, so a model can
+    generate them together; a single-episode policy returns a one-element list) and applies it with
+    `StepEnv.step`. An episode leaves the loop when the environment ends it, when ``stop(env)``
+    holds after a step, or when its turn is empty; after ``max_policy_turns`` turns the rest are
+    truncated. The environments must already be reset.
+
+    Returns:
+        One `Outcome` per environment, in order.
+    """
+    outcomes: list[Outcome | None] = [None] * len(envs)
+    active = list(range(len(envs)))
+    for _ in range(max_policy_turns):
+        if not active:
+            break
+        actions = act([envs[i] for i in active])
+        still = []
+        for i, action in zip(active, actions, strict=True):
+            if not action and not isinstance(action, str):  # no tokens at all: the completion budget is spent
+                outcomes[i] = Outcome(envs[i].truncate(), "no_tokens")
+                continue
+            step = envs[i].step(action)
+            if step.terminated or step.truncated:
+                outcomes[i] = Outcome(step, "terminated" if step.terminated else "truncated")
+            elif stop is not None and stop(envs[i]):
+                outcomes[i] = Outcome(step, "stopped")
+            else:
+                still.append(i)
+        active = still
+    for i in active:
+        outcomes[i] = Outcome(envs[i].truncate(), "turn_limit")
+    return [o for o in outcomes if o is not None]

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordrl.envs.step import StepEnv
+from coordrl.envs.step import StepEnv, play
 from coordrl.rewards import extract_answer
 from coordrl.rollout.policies import Policy
 
@@ -42,21 +42,12 @@ class Episode:
 
 
 def run_episode(env: StepEnv, policy: Policy, row: dict[str, Any], max_assistant_turns: int | None = None) -> Episode:
-    """Play one episode of ``policy`` on ``row`` (synchronously)."""
+    """Play one episode of ``policy`` on ``row`` (synchronously) through the shared loop, `play`."""
     t0 = time.perf_counter()
     env.reset(**row)
     limit = max_assistant_turns or env.max_turns + 1
-    step = None
-    for _ in range(limit):
-        action = policy.act(env)
-        if not action and not isinstance(action, str):
-            step = env.truncate()
-            break
-        step = env.step(action)
-        if step.terminated or step.truncated:
-            break
-    else:
-        step = env.truncate()
+    (outcome,) = play([env], lambda envs: [policy.act(envs[0])], limit)
+    step = outcome.step
     answers = row.get("answers") if row.get("answers") is not None else [row.get("answer", "")]
     return Episode(
         sample_id=str(row.get("id", "")),

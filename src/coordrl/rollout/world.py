@@ -152,7 +152,7 @@ def evaluate_world(
     import torch
 
     from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.step import StepEnv
+    from coordrl.envs.step import StepEnv, play
 
     codec = ChatCodec(tokenizer)
     factory = make_env_factory(tokenizer)
@@ -160,6 +160,30 @@ def evaluate_world(
     torch.manual_seed(seed)
     results: list[tuple[str, float, int]] = []
     model.eval()
+    gen_kwargs = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
+
+    def act(running: list[StepEnv]) -> list[list[int]]:
+        """One turn for every running episode, generated as one left-padded batch."""
+        ctx = [env.context_ids for env in running]
+        width = max(map(len, ctx))
+        inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
+        att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
+        with torch.no_grad():
+            out = model.generate(
+                inp, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                **gen_kwargs,
+            )  # fmt: skip
+        turns = []
+        for row_i in range(len(running)):
+            new = out[row_i, width:].tolist()
+            if eos in new:
+                new = new[: new.index(eos) + 1]
+            else:
+                while new and new[-1] == pad:
+                    new.pop()
+            turns.append(new)
+        return turns
+
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
         turns = 1 if mapreduce else WORLD_ENV["max_turns"]
@@ -176,46 +200,9 @@ def evaluate_world(
             env.reset(**with_world_prompt(row))
             if mapreduce:
                 env.step(tool_call_text([row["question"]]))
-        rewards = [0.0] * len(batch)
-        active = list(range(len(batch)))
-        for _ in range(WORLD_ENV["max_turns"] + 1):
-            if not active:
-                break
-            ctx = [envs[i].context_ids for i in active]
-            width = max(map(len, ctx))
-            inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
-            att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
-            with torch.no_grad():
-                kw = (
-                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-                    if sample
-                    else {"do_sample": False}
-                )
-                out = model.generate(
-                    inp,
-                    attention_mask=att,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=eos,
-                    pad_token_id=pad,
-                    **kw,
-                )
-            still = []
-            for row_i, i in enumerate(active):
-                new = out[row_i, width:].tolist()
-                if eos in new:
-                    new = new[: new.index(eos) + 1]
-                else:
-                    while new and new[-1] == pad:
-                        new.pop()
-                if not new:
-                    envs[i].truncate()
-                    continue
-                step = envs[i].step(new)
-                if step.terminated or step.truncated:
-                    rewards[i] = step.reward
-                else:
-                    still.append(i)
-            active = still
+        outcomes = play(envs, act, WORLD_ENV["max_turns"] + 1)
+        # An episode the policy left (no tokens, or turns ran out) scores 0 here, whatever truncate() computed.
+        rewards = [o.step.reward if o.ended_by_env else 0.0 for o in outcomes]
         for env, row, r in zip(envs, batch, rewards, strict=True):
             results.append((row["type"], r, env.tool_rounds))
     out: dict[str, Any] = {}

@@ -1,0 +1,105 @@
+"""Settings of the HMARS mid-agent environment: regions, pages, frozen roles, limits, reward terms."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from coordrl.data.errors import DataError
+from coordrl.envs.hmars_index import IndexSettings
+
+__all__ = ["MODES", "ROLE_ERROR_KEYS", "HmarsEnvConfig"]
+
+MODES = ("full", "dispatch", "no_mid")
+# Failures of the frozen model roles, counted per role: the endpoint failed after its retries
+# (HTTP error, timeout, empty or non-JSON body), or its reply could not be parsed.
+ROLE_ERROR_KEYS = ("selector_errors", "selector_parse_failures", "answerer_errors", "answerer_parse_failures")
+_SUB_ID = re.compile(r"^\s*(?:s|sub[-_ ]?agent[-_ ]?)?(\d{1,6})\s*$", re.IGNORECASE)
+
+
+@dataclass
+class HmarsEnvConfig:
+    """Settings of the HMARS mid-agent environment (recorded in checkpoints and exports).
+
+    Attributes:
+        c_sub: tokens per sub-agent region (paper: 16,384; default 16,384).
+        page_tokens: tokens per page (default 1,024).
+        group_size: sub-agents per mid-agent, G (default 10).
+        writer / selector / answerer: ``lexical`` (model-free, deterministic) or comma-separated
+            OpenAI-compatible URLs, one backend per role.
+        writer_model / selector_model / answerer_model: model names served at those URLs.
+        writer_api_key_env / selector_api_key_env / answerer_api_key_env: environment variables read
+            for each role's API key (default OPENAI_API_KEY; unset sends none).
+        writer_max_tokens / selector_max_tokens / answerer_max_tokens: generation budgets
+            (defaults 512, 256, 128).
+        writer_input_chars: region characters shown to a card writer (default 48,000).
+        selector_page_chars: characters of each page shown to a model selector (default 6,000: a
+            whole 1,024-token page).
+        backend_concurrency / backend_timeout_s / backend_retries: per-role request limits
+            (defaults 64, 60 s, 3 retries).
+        max_interpretation_chars: longest accepted interpretation (default 1,000).
+        max_hint_chars: longest accepted hint (default 500).
+        pages_per_subagent: pages one sub-agent may select (default 2).
+        lexical_select_threshold: lexical page score needed to be selected (default 0.4).
+        mode: ``full`` (every sub-agent selects, default), ``dispatch`` (only hinted sub-agents
+            select) or ``no_mid`` (every sub-agent selects from the question alone).
+        recall_weight: weight of supporting-page recall in the reward (default 0).
+        evidence_budget_tokens / budget_weight: evidence tokens above the budget cost
+            ``budget_weight * excess / budget`` (default 0: off).
+        tokenizer: tokenizer for pages and token counts (None: coordrl's shipped one; use the policy's).
+        index_cache: folder of cached indexes (``coordrl index`` writes it); None: memory only.
+    """
+
+    c_sub: int = 16384
+    page_tokens: int = 1024
+    group_size: int = 10
+    writer: str = "lexical"
+    writer_model: str | None = None
+    writer_api_key_env: str | None = "OPENAI_API_KEY"
+    writer_max_tokens: int = 512
+    writer_input_chars: int = 48000
+    selector: str = "lexical"
+    selector_model: str | None = None
+    selector_api_key_env: str | None = "OPENAI_API_KEY"
+    selector_max_tokens: int = 256
+    selector_page_chars: int = 6000
+    answerer: str = "lexical"
+    answerer_model: str | None = None
+    answerer_api_key_env: str | None = "OPENAI_API_KEY"
+    answerer_max_tokens: int = 128
+    backend_concurrency: int = 64
+    backend_timeout_s: float = 60.0
+    backend_retries: int = 3
+    max_interpretation_chars: int = 1000
+    max_hint_chars: int = 500
+    pages_per_subagent: int = 2
+    lexical_select_threshold: float = 0.4
+    mode: str = "full"
+    recall_weight: float = 0.0
+    evidence_budget_tokens: int = 0
+    budget_weight: float = 0.0
+    tokenizer: str | None = None
+    index_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise DataError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.pages_per_subagent < 1:
+            raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
+
+    def index_settings(self) -> IndexSettings:
+        return IndexSettings(
+            c_sub=self.c_sub,
+            page_tokens=self.page_tokens,
+            group_size=self.group_size,
+            tokenizer=self.tokenizer,
+            writer=self.writer,
+            writer_model=self.writer_model,
+            writer_api_key_env=self.writer_api_key_env,
+            writer_max_tokens=self.writer_max_tokens,
+            writer_input_chars=self.writer_input_chars,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
