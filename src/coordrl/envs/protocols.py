@@ -210,12 +210,15 @@ def _hmars_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
-    setup = (
-        f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {s['max_new_tokens']} tokens per policy turn, "
-        f"temperature {s['temperature']}, seed {s['seed']}"
-        + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+def _sampling(s: Mapping[str, Any]) -> str:
+    """The policy's generation settings of an evaluation, as ``results.md`` prints them."""
+    return f"{s['max_new_tokens']} tokens per policy turn, temperature {s['temperature']}, seed {s['seed']}" + (
+        f", at most {s['limit']} samples per subset" if s.get("limit") else ""
     )
+
+
+def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
+    setup = f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {_sampling(s)}"
     legend = (
         f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
         "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"
@@ -227,9 +230,7 @@ def _hmars_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rul
     setup = (
         f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
         f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}; selector `{env.get('selector')}`, "
-        f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {s['max_new_tokens']} tokens "
-        f"per policy turn, temperature {s['temperature']}, seed {s['seed']}"
-        + (f", at most {s['limit']} samples per subset" if s.get("limit") else "")
+        f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {_sampling(s)}"
     )
     legend = (
         f"- failed requests: {failed_rule}; accuracy in % of the answer model's answer from the merged evidence; "

@@ -574,6 +574,14 @@ def _fingerprint(
         "baseline": cfg.baseline,
         "weights": weights,
         "data": str(Path(cfg.data).resolve()),
+        **_episode_settings(cfg, max_new_tokens, window),
+        "hmars": cfg.hmars,  # None for PARSER: earlier PARSER evaluations still resume
+    }
+
+
+def _episode_settings(cfg: EvalConfig, max_new_tokens: int, window: int | None) -> dict[str, Any]:
+    """What decides an episode's outcome: the resume fingerprint and ``results.json`` both record it."""
+    return {
         "readers": cfg.readers,
         "reader_model": cfg.reader_model,
         "max_turns": cfg.max_turns,
@@ -583,7 +591,6 @@ def _fingerprint(
         "seed": cfg.seed,
         "context_window": window,
         "max_completion_tokens": cfg.max_completion_tokens,
-        "hmars": cfg.hmars,  # None for PARSER: earlier PARSER evaluations still resume
     }
 
 
@@ -831,18 +838,10 @@ def _results(
         "baseline": cfg.baseline,
         "data": str(cfg.data),
         "settings": {
-            "readers": cfg.readers,
-            "reader_model": cfg.reader_model,
-            "max_turns": cfg.max_turns,
-            "chunk_tokens": cfg.chunk_tokens,
-            "max_new_tokens": max_new_tokens,
-            "temperature": cfg.temperature,
-            "seed": cfg.seed,
+            **_episode_settings(cfg, max_new_tokens, window),
             "limit": cfg.limit,
             "drop_failed": cfg.drop_failed,
             "concurrency": cfg.concurrency,
-            "max_completion_tokens": cfg.max_completion_tokens,
-            "context_window": window,
             "hmars": cfg.hmars,
         },
         "env": env_config.to_dict(),
