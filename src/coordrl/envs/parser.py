@@ -16,10 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coordrl.data.chunk import Chunk, chunk_context
+from coordrl.data.errors import ConfigError
 from coordrl.envs.tool_input import ToolInputError, check_text
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 from coordrl.readers.loop import shared_loop
-from coordrl.readers.prompt import sanitize_reader_text
+from coordrl.readers.prompt import READER_INSTRUCTIONS, sanitize_reader_text
+from coordrl.readers.routing import ACTIVATIONS, RouterCache, RouterSettings, document_key
 from coordrl.rewards.metrics import nearest_rank_percentile
 
 TRUNCATION_MARKER = (
@@ -45,6 +47,16 @@ class ParserEnvConfig:
         max_query_chars: characters accepted per query (default 500).
         observation_max_tokens: tokens of one observation before it is truncated with a visible marker.
         max_turns: tool rounds per episode (9 for training, 12 for evaluation).
+        activation: which chunk readers a query wakes: ``all`` (default, PARSER's broadcast) or
+            ``routed`` (only the union of the routing pathways' top-k chunks; `coordrl.readers.routing`).
+        route_bm25_top_k: chunks BM25 over the chunk texts proposes per query (default 8; 0: pathway off).
+        route_summary_top_k: chunks BM25 over per-chunk lexical summaries proposes per query (default 8; 0: off).
+        route_dense_top_k: chunks embedding similarity proposes per query (default 0: off; needs
+            ``route_dense_url`` and ``route_dense_model``).
+        route_dense_url / route_dense_model: an OpenAI-compatible ``/v1/embeddings`` server and its
+            model (default None).
+        reader_cost_weight: weight of one reader prompt token against one lead token in the episode's
+            normalised cost (default 0.1, the 1:10 ratio E-mem reports for small versus large models).
     """
 
     readers: str = "lexical"
@@ -60,6 +72,49 @@ class ParserEnvConfig:
     max_query_chars: int = 500
     observation_max_tokens: int = 1024
     max_turns: int = 9
+    activation: str = "all"
+    route_bm25_top_k: int = 8
+    route_summary_top_k: int = 8
+    route_dense_top_k: int = 0
+    route_dense_url: str | None = None
+    route_dense_model: str | None = None
+    reader_cost_weight: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation: must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        ks = ("route_bm25_top_k", "route_summary_top_k", "route_dense_top_k")
+        for name in ks:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name}: must be a whole number >= 0 (0 switches the pathway off), got {value!r}")
+        if isinstance(self.reader_cost_weight, bool) or not isinstance(self.reader_cost_weight, (int, float)):
+            raise ConfigError(f"reader_cost_weight: must be a number >= 0, got {self.reader_cost_weight!r}")
+        if self.reader_cost_weight < 0:
+            raise ConfigError(f"reader_cost_weight: must be >= 0, got {self.reader_cost_weight}")
+        if self.activation != "routed":
+            return
+        if not any(getattr(self, name) for name in ks):
+            raise ConfigError(f"activation: routed needs at least one pathway on ({', '.join(ks)} > 0)")
+        if self.route_dense_top_k:
+            url = self.route_dense_url
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"route_dense_url: route_dense_top_k > 0 needs an http(s) server with /v1/embeddings, got {url!r}"
+                )
+            if not self.route_dense_model:
+                raise ConfigError("route_dense_model: route_dense_top_k > 0 needs the embedding model's name")
+
+    def router_settings(self) -> RouterSettings:
+        """The routing pathways of ``activation: routed``."""
+        return RouterSettings(
+            bm25_top_k=self.route_bm25_top_k,
+            summary_top_k=self.route_summary_top_k,
+            dense_top_k=self.route_dense_top_k,
+            dense_url=self.route_dense_url,
+            dense_model=self.route_dense_model,
+            dense_timeout_s=self.reader_timeout_s,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +133,10 @@ class EpisodeStats:
     latencies: list[float] = field(default_factory=list)
     gold_found: bool = False
     findings: list[dict[str, Any]] = field(default_factory=list)
+    activated_per_query: list[int] = field(default_factory=list)
+    activated: set[int] = field(default_factory=set)
+    reader_prompt_tokens: int = 0
+    router_seconds: float = 0.0
 
 
 class ParserLeadEnv:
@@ -89,12 +148,20 @@ class ParserLeadEnv:
     """
 
     def __init__(
-        self, config: ParserEnvConfig, fleet: ReaderFleet, tokenizer, chunk_cache: ChunkCache | None = None
+        self,
+        config: ParserEnvConfig,
+        fleet: ReaderFleet,
+        tokenizer,
+        chunk_cache: ChunkCache | None = None,
+        router_cache: RouterCache | None = None,
     ) -> None:
         self._config = config
         self._fleet = fleet
         self._tokenizer = tokenizer
         self._chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache(0)
+        self._router_cache = router_cache if router_cache is not None else RouterCache(0)
+        self._chunk_tokens: list[int | None] = []
+        self._prompt_overhead: int | None = None
         self._row: dict[str, Any] = {}
         self._chunks: list[Chunk] = []
         self._keys: list[str] = []
@@ -123,6 +190,9 @@ class ParserLeadEnv:
             raise ValueError(f"sample {rid!r}: needs a non-empty 'context' or 'chunks' field")
         # A content hash, not an index: the same chunk text routes to the same reader replica (prefix cache).
         self._keys = [hashlib.sha1(c.text.encode()).hexdigest()[:16] for c in self._chunks]
+        self._chunk_tokens = [
+            c.token_end - c.token_start if c.token_end > c.token_start else None for c in self._chunks
+        ]
         self._row = row
         self._question = question
         self._gold = set(row.get("gold_documents") or ())
@@ -153,13 +223,15 @@ class ParserLeadEnv:
             self._stats.queries_per_turn.append(0)
             return f"Error: {err}"
         self._stats.queries_per_turn.append(len(clean))
-        requests = [ReaderRequest(q, c.text, k) for q in clean for c, k in zip(self._chunks, self._keys, strict=True)]
+        plan = self._activate(clean)
+        requests = [ReaderRequest(q, self._chunks[i].text, self._keys[i]) for q, idx in zip(clean, plan) for i in idx]
         t0 = time.perf_counter()
-        results = await shared_loop().run_async(self._fleet.answer(requests))
+        results = await shared_loop().run_async(self._fleet.answer(requests)) if requests else []
         if len(results) != len(requests):  # a broken backend must not silently misalign findings
             raise RuntimeError(f"reader fleet returned {len(results)} results for {len(requests)} requests")
         self._stats.reader_calls += len(requests)
-        observation = self._observe(clean, results, turn, time.perf_counter() - t0)
+        self._count_reader_tokens(clean, plan)
+        observation = self._observe(clean, plan, results, turn, time.perf_counter() - t0)
         return observation
 
     # -- reporting --------------------------------------------------------------------------------
@@ -183,6 +255,16 @@ class ParserLeadEnv:
             "tool_errors": sum(s.tool_errors.values()),
             "gold_coverage": float(s.gold_found),
             "chunks": len(self._chunks),
+            "activated_chunks_per_query": (
+                sum(s.activated_per_query) / len(s.activated_per_query) if s.activated_per_query else 0.0
+            ),
+            "gold_activation_recall": self._gold_activation_recall(),
+            "router_ms_per_query": (
+                1000 * s.router_seconds / len(s.activated_per_query) if s.activated_per_query else 0.0
+            ),
+            "reader_prompt_tokens": s.reader_prompt_tokens,
+            # Reader prompt tokens in lead-token units; `StepEnv` adds the lead's own tokens (normalised cost).
+            "reader_cost": self._config.reader_cost_weight * s.reader_prompt_tokens,
         }
 
     @property
@@ -234,19 +316,56 @@ class ParserLeadEnv:
     def _count(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _observe(self, queries: list[str], results: list[ReaderResult], turn: int, wall: float) -> str:
+    def _activate(self, queries: list[str]) -> list[Sequence[int]]:
+        """The chunks each query wakes: all of them, or the router's union of pathway proposals."""
         s = self._stats
-        n_chunks = len(self._chunks)
+        if self._config.activation == "all":
+            plan: list[Sequence[int]] = [range(len(self._chunks))] * len(queries)
+        else:
+            t0 = time.perf_counter()
+            settings = self._config.router_settings()
+            router = self._router_cache.get(document_key(self._keys), [c.text for c in self._chunks], settings)
+            plan = [router.route(q, settings).chunks for q in queries]
+            s.router_seconds += time.perf_counter() - t0
+        for idx in plan:
+            s.activated_per_query.append(len(idx))
+            s.activated.update(idx)
+        return plan
+
+    def _gold_activation_recall(self) -> float:
+        """Share of the chunks holding a gold Document that some query woke (0.0 without gold chunks)."""
+        gold = {c.index for c in self._chunks if set(c.documents) & self._gold}
+        return len(gold & self._stats.activated) / len(gold) if gold else 0.0
+
+    def _count_reader_tokens(self, queries: list[str], plan: list[Sequence[int]]) -> None:
+        """Reader prompt tokens of this call: instructions, chunk and query per request, counted with
+        the environment's tokenizer (the policy's; a reader with another tokenizer counts a little differently)."""
+        if self._prompt_overhead is None:
+            self._prompt_overhead = self._count(READER_INSTRUCTIONS) + self._count("Passage:\n\n\nQuestion: ")
+        for q, idx in zip(queries, plan):
+            per_request = self._prompt_overhead + self._count(q)
+            for i in idx:
+                n = self._chunk_tokens[i]
+                if n is None:
+                    n = self._chunk_tokens[i] = self._count(self._chunks[i].text)
+                self._stats.reader_prompt_tokens += per_request + n
+
+    def _observe(
+        self, queries: list[str], plan: list[Sequence[int]], results: list[ReaderResult], turn: int, wall: float
+    ) -> str:
+        s = self._stats
         budget = self._config.observation_max_tokens
         lines: list[str] = []
         hidden = 0
         used = 0
         total_found = 0
+        start = 0
         for qi, query in enumerate(queries):
-            block = results[qi * n_chunks : (qi + 1) * n_chunks]
+            block = results[start : start + len(plan[qi])]
+            start += len(plan[qi])
             found: list[str] = []
             down: list[int] = []
-            for chunk, res in zip(self._chunks, block, strict=True):
+            for chunk, res in zip((self._chunks[i] for i in plan[qi]), block, strict=True):
                 s.latencies.append(res.latency_s)
                 if not res.ok:
                     s.reader_errors += 1
@@ -273,6 +392,9 @@ class ParserLeadEnv:
                 found.append(f"- chunk {chunk.index}: {text}")
             total_found += len(found)
             header = f'Query {qi + 1}: "{query}"'
+            if not plan[qi]:
+                # Routed only: no pathway scored any chunk, so no reader was asked.
+                found = ["- no chunk matched this query's words, so no reader was asked; name people, places or terms."]
             block_lines = [header] + (found or ["- no reader found anything for this query."])
             if down:
                 block_lines.append(
@@ -285,7 +407,8 @@ class ParserLeadEnv:
                     continue
                 used += cost
                 lines.append(line)
-        head = f"{total_found} finding(s) from {n_chunks} readers for {len(queries)} query(ies)."
+        n_readers = len(self._chunks) if self._config.activation == "all" else len(set().union(*plan))
+        head = f"{total_found} finding(s) from {n_readers} readers for {len(queries)} query(ies)."
         if hidden:
             lines.append(TRUNCATION_MARKER.format(n=hidden, budget=budget))
         observation = "\n".join([head] + lines)
@@ -344,6 +467,7 @@ class ParserEnvFactory:
         self._fleet = fleet
         self._tokenizer = tokenizer
         self.chunk_cache = ChunkCache()
+        self.router_cache = RouterCache()
 
     @property
     def fleet(self) -> ReaderFleet:
@@ -371,7 +495,7 @@ class ParserEnvFactory:
         return self._tokenizer
 
     def __call__(self) -> ParserLeadEnv:
-        return ParserLeadEnv(self.config, self.fleet, self.tokenizer, self.chunk_cache)
+        return ParserLeadEnv(self.config, self.fleet, self.tokenizer, self.chunk_cache, self.router_cache)
 
     def close(self) -> None:
         if self._fleet is not None:

@@ -88,6 +88,7 @@ class StepEnv:
         self.tool_failures = 0
         self.malformed_tool_calls = 0
         self.invalid_text_turns = 0
+        self.lead_tokens = 0
         self.done = True
         self._row: dict[str, Any] = {}
 
@@ -108,6 +109,7 @@ class StepEnv:
         self.tool_failures = 0
         self.malformed_tool_calls = 0
         self.invalid_text_turns = 0
+        self.lead_tokens = 0
         self.done = False
         return list(self.messages)
 
@@ -127,7 +129,10 @@ class StepEnv:
             assistant_turns=sum(1 for m in self.completion if m.get("role") == "assistant"),
             completion_tokens=len(self.completion_ids),
             unfinished=int(self.done and not self.stopped),
+            lead_tokens=self.lead_tokens,
         )
+        if "reader_cost" in base:  # the environment's reader tokens, already weighted into lead-token units
+            base["normalised_cost"] = self.lead_tokens + base["reader_cost"]
         return base
 
     def step(self, action: str | Sequence[int]) -> Step:
@@ -151,6 +156,8 @@ class StepEnv:
         else:
             ids = list(action)
         message = self.codec.parse(ids, self.context_ids, self.tools)
+        # The lead read its whole context and wrote this turn: E-mem's cost counts both, every turn.
+        self.lead_tokens += len(self.context_ids) + len(ids)
         self.completion_ids += ids
         self.messages.append(message)
         self.completion.append(message)

@@ -1,0 +1,266 @@
+"""Reader activation: ``activation: routed`` wakes only the chunks the routing pathways propose.
+
+Real parts throughout: packed HotpotQA samples, the shipped tokenizer, `bm25s` indexes and the
+lexical reader, wrapped only to record what each reader was asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from coordrl.data import BuildConfig, build_dataset
+from coordrl.data.errors import ConfigError
+from coordrl.data.show import load_built
+from coordrl.data.tokens import load_tokenizer
+from coordrl.envs.chat import ChatCodec
+from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+from coordrl.envs.step import StepEnv
+from coordrl.readers.base import ReaderRequest, ReaderResult
+from coordrl.readers.lexical import LexicalReader
+from coordrl.readers.prompt import READER_INSTRUCTIONS
+from coordrl.readers.routing import ChunkRouter, RouterCache, RouterSettings, chunk_summaries, document_key
+
+ROUTED = {"activation": "routed", "route_bm25_top_k": 3, "route_summary_top_k": 3}
+
+
+class RecordingReader(LexicalReader):
+    """The lexical reader, remembering every (query, chunk text) it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__(threshold=0.5)
+        self.asked: list[tuple[str, str]] = []
+
+    async def answer(self, requests: Sequence[ReaderRequest]) -> list[ReaderResult]:
+        self.asked += [(r.query, r.chunk_text) for r in requests]
+        return await super().answer(requests)
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    out = tmp_path_factory.mktemp("routing") / "ds"
+    build_dataset(BuildConfig(seed=0, num_samples=4, num_paragraphs=200), out)
+    return load_built(out)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(None)
+
+
+def make(tok, **cfg):
+    reader = RecordingReader()
+    factory = ParserEnvFactory(ParserEnvConfig(**cfg), fleet=reader, tokenizer=tok)
+    return factory, reader
+
+
+def ask(env, queries):
+    return asyncio.run(env.query_agents(queries))
+
+
+QUERIES = ["What is the nationality of Scott Derrickson?", "What nationality was Ed Wood?"]
+
+
+def test_routed_queries_reach_only_the_activated_readers(samples, tok):
+    row = samples[0]  # "Were Scott Derrickson and Ed Wood of the same nationality?"
+    factory, reader = make(tok, **ROUTED)
+    env = factory()
+    env.reset(**row)
+    obs = ask(env, QUERIES)
+    texts = [c.text for c in env.chunks]
+    router = ChunkRouter(texts, RouterSettings(bm25_top_k=3, summary_top_k=3))
+    routes = [router.route(q).chunks for q in QUERIES]
+    assert reader.asked == [(q, texts[i]) for q, idx in zip(QUERIES, routes) for i in idx]
+    assert all(0 < len(idx) <= 6 for idx in routes) and len(texts) > 40  # about 55 chunks of 512 tokens
+    info = env.info
+    assert info["reader_calls"] == len(reader.asked) < len(QUERIES) * len(texts)
+    assert info["activated_chunks_per_query"] == len(reader.asked) / 2
+    assert info["gold_activation_recall"] == 1.0 and info["gold_coverage"] == 1.0
+    assert "American" in obs and f"from {len(set(routes[0]) | set(routes[1]))} readers for 2 query(ies)" in obs
+    assert {f["chunk"] for f in env.findings} <= set(routes[0]) | set(routes[1])
+
+
+def test_all_broadcasts_to_every_reader_as_before(samples, tok):
+    row = samples[0]
+    observations = []
+    for cfg in ({}, {"activation": "all"}):
+        factory, reader = make(tok, **cfg)
+        env = factory()
+        env.reset(**row)
+        observations.append(ask(env, QUERIES))
+        texts = [c.text for c in env.chunks]
+        assert reader.asked == [(q, t) for q in QUERIES for t in texts]
+        info = env.info
+        assert info["activated_chunks_per_query"] == len(texts) and info["gold_activation_recall"] == 1.0
+        assert info["router_ms_per_query"] == 0.0 and factory.router_cache.builds == 0
+    assert observations[0] == observations[1]
+    assert observations[0].startswith(f"{observations[0].split()[0]} finding(s) from {len(texts)} readers for 2")
+
+
+@pytest.mark.parametrize(
+    ("switch", "pathway"), [({"route_bm25_top_k": 0}, "summary"), ({"route_summary_top_k": 0}, "bm25")]
+)
+def test_a_pathway_switched_off_proposes_nothing(samples, tok, switch, pathway):
+    row = samples[1]
+    factory, reader = make(tok, **{**ROUTED, **switch})
+    env = factory()
+    env.reset(**row)
+    question = row["question"]
+    ask(env, [question])
+    texts = [c.text for c in env.chunks]
+    both = ChunkRouter(texts, RouterSettings(bm25_top_k=3, summary_top_k=3)).route(question)
+    assert set(both.by_pathway) == {"bm25", "summary"}
+    assert reader.asked == [(question, texts[i]) for i in sorted(both.by_pathway[pathway])]
+    # The ablation is not the union: the other pathway proposed something this one did not.
+    assert set(both.chunks) != set(both.by_pathway[pathway])
+
+
+def test_a_query_no_pathway_matches_wakes_no_reader(samples, tok):
+    factory, reader = make(tok, **ROUTED)
+    env = factory()
+    env.reset(**samples[0])
+    obs = ask(env, ["zxqv blorft"])
+    assert reader.asked == [] and env.info["reader_calls"] == 0
+    assert obs.startswith("0 finding(s) from 0 readers") and "no chunk matched this query's words" in obs
+
+
+def test_routed_tool_inputs_are_still_checked(samples, tok):
+    factory, reader = make(tok, **ROUTED)
+    env = factory()
+    env.reset(**samples[0])
+    for bad in ("one string", [], ["ok", 3], ["x" * 501]):
+        assert ask(env, bad).startswith("Error:")
+    assert reader.asked == [] and env.info["tool_errors"] == 4 and factory.router_cache.builds == 0
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"activation": "broadcast"}, "activation: must be one of all, routed, got 'broadcast'"),
+        ({"activation": "routed", "route_bm25_top_k": 0, "route_summary_top_k": 0}, "activation: routed needs"),
+        ({"route_bm25_top_k": -1}, "route_bm25_top_k: must be a whole number >= 0"),
+        ({"route_summary_top_k": 2.5}, "route_summary_top_k: must be a whole number"),
+        ({"route_dense_top_k": True}, "route_dense_top_k: must be a whole number"),
+        ({"activation": "routed", "route_dense_top_k": 4}, "route_dense_url: route_dense_top_k > 0 needs"),
+        (
+            {"activation": "routed", "route_dense_top_k": 4, "route_dense_url": "http://127.0.0.1:9"},
+            "route_dense_model",
+        ),
+        ({"reader_cost_weight": -0.1}, "reader_cost_weight: must be >= 0"),
+    ],
+)
+def test_bad_settings_are_errors_naming_the_setting(cfg, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ParserEnvConfig(**cfg)
+
+
+def test_train_config_carries_routing_into_checkpoint_export_and_inference(tmp_path):
+    from coordrl.inference.export import PolicySource
+    from coordrl.train.config import load_config
+    from coordrl.train.run import checkpoint_metadata
+
+    with pytest.raises(ConfigError, match="activation"):
+        load_config(None, {"model": "m", "activation": "sometimes"})
+    with pytest.raises(ConfigError, match="route_bm25_top_k"):
+        load_config(None, {"model": "m", "route_bm25_top_k": "-3"})
+    cfg = load_config(
+        None, {"model": "m", "activation": "routed", "route_bm25_top_k": "5", "output_dir": str(tmp_path)}
+    )
+    env = checkpoint_metadata(cfg, "m")["env"]
+    assert (env["activation"], env["route_bm25_top_k"], env["route_summary_top_k"]) == ("routed", 5, 8)
+    json.dumps(env)  # recorded as JSON in checkpoints and exports
+    for kind in ("checkpoint", "export"):
+        config = PolicySource("p", kind, None, env=dict(env)).env_config(readers="lexical")
+        assert (config.activation, config.route_bm25_top_k, config.chunk_tokens) == ("routed", 5, 4096)
+
+
+def test_coordinator_answers_with_routed_readers(samples):
+    from coordrl.inference.coordinator import Coordinator, load_policy
+    from coordrl.inference.export import resolve_policy
+
+    row = samples[0]
+    source = resolve_policy("scripted")
+    source.env.update(activation="routed", route_bm25_top_k=2, route_summary_top_k=2)
+    config = source.env_config(readers="lexical", chunk_tokens=512)
+    policy, tokenizer = load_policy(source)
+    with Coordinator(policy, tokenizer, source, config) as coord:
+        result = coord.answer(row["context"], "When was Scott Derrickson born?")
+    assert any("1966" in e["text"] for e in result.evidence)
+    assert result.info["reader_calls"] <= 4 < result.info["chunks"]
+
+
+def test_episode_info_reports_reader_tokens_and_normalised_cost(samples, tok):
+    row = samples[2]
+    question = row["question"]
+    call = (
+        "<tool_call>\n" + json.dumps({"name": "query_agents", "arguments": {"queries": [question]}}) + "\n</tool_call>"
+    )
+    infos = {}
+    for name, cfg in (("all", {}), ("routed", ROUTED)):
+        factory, _ = make(tok, **cfg)
+        env = StepEnv(factory(), ChatCodec(tok), max_turns=3)
+        env.reset(**row)
+        env.step(call)
+        infos[name] = env.step("<answer>x</answer>").info
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    overhead = count(READER_INSTRUCTIONS) + count("Passage:\n\n\nQuestion: ") + count(question)
+    full = infos["all"]
+    # A broadcast's reader prompts: instructions and query once per chunk, plus every chunk's tokens once.
+    assert full["reader_prompt_tokens"] == full["chunks"] * overhead + row["num_tokens"]
+    routed = infos["routed"]
+    assert 0 < routed["reader_prompt_tokens"] < full["reader_prompt_tokens"] / 5
+    for info in (full, routed):
+        assert info["lead_tokens"] > 0
+        assert info["normalised_cost"] == pytest.approx(info["lead_tokens"] + 0.1 * info["reader_prompt_tokens"])
+    assert full["lead_tokens"] == routed["lead_tokens"] or full["observation_tokens"] != routed["observation_tokens"]
+
+
+def test_index_is_built_once_per_document(samples, tok):
+    factory, _ = make(tok, **ROUTED)
+    for row in (samples[0], samples[0], samples[1], samples[0]):
+        env = factory()
+        env.reset(**row)
+        ask(env, [row["question"], "Ed Wood"])
+    assert (factory.router_cache.builds, factory.router_cache.hits) == (2, 2)
+    # top-k is a query-time setting: an index built for one top-k serves another.
+    cache = RouterCache()
+    texts = [c.text for c in env.chunks]
+    key = document_key(["a", "b"])
+    first = cache.get(key, texts, RouterSettings(bm25_top_k=3, summary_top_k=3))
+    assert cache.get(key, texts, RouterSettings(bm25_top_k=1, summary_top_k=5)) is first
+    assert cache.get(key, texts, RouterSettings(bm25_top_k=3, summary_top_k=0)) is not first  # another index
+    assert cache.builds == 2
+
+
+def test_summaries_name_each_paragraph_and_carry_a_cut_title():
+    chunks = [
+        "Document 1:\nShirley Temple\nShirley Temple was an American actress. She",
+        " later served as Chief of Protocol.\n\nDocument 2:\nKiss and Tell (1945 film)\nA comedy film. It starred Temple.",
+    ]
+    first, second = chunk_summaries(chunks)
+    assert first.startswith("Shirley Temple Shirley Temple") and "American actress." in first
+    assert second.startswith("Shirley Temple Kiss and Tell (1945 film)") and "A comedy film." in second
+    # Plain text: blank-line paragraphs, a short first line is a heading; a cut paragraph has no heading to carry.
+    plain = chunk_summaries(
+        ["Risks\nThe Board of Directors met. The Board of Directors left.\n\nSales rose", " again."]
+    )
+    assert plain[0] == "Risks Risks The Board Directors The Board of Directors met. Sales rose" and plain[1] == "again."
+
+
+def test_routing_is_deterministic_and_settings_are_checked():
+    texts = [
+        "Document 1:\nAlpha\nAlpha is a town.",
+        "Document 2:\nBeta\nBeta is a town.",
+        "Document 3:\nGamma\nA city.",
+    ]
+    router = ChunkRouter(texts, RouterSettings(bm25_top_k=1, summary_top_k=1))
+    # "town" ties chunks 0 and 1: the earlier chunk wins, every time.
+    assert router.route("town").chunks == (0,) and router.route("Beta town").chunks == (1,)
+    assert router.route("nothing here").chunks == ()
+    with pytest.raises(ValueError, match="at least one pathway"):
+        RouterSettings(bm25_top_k=0, summary_top_k=0)
+    with pytest.raises(ValueError, match="built without the summary pathway"):
+        ChunkRouter(texts, RouterSettings(bm25_top_k=1, summary_top_k=0)).route("x", RouterSettings(summary_top_k=1))
