@@ -264,3 +264,34 @@ def test_routing_is_deterministic_and_settings_are_checked():
         RouterSettings(bm25_top_k=0, summary_top_k=0)
     with pytest.raises(ValueError, match="built without the summary pathway"):
         ChunkRouter(texts, RouterSettings(bm25_top_k=1, summary_top_k=0)).route("x", RouterSettings(summary_top_k=1))
+
+
+def test_eval_averages_and_tabulates_the_activation_metrics():
+    from coordrl.eval.evaluate import aggregate
+    from coordrl.eval.report import render_results_md
+
+    info = {"turns": 1, "queries": 2, "reader_calls": 10, "activated_chunks_per_query": 5.0}
+    records = [
+        {"status": "ok", "scores": {m: 1.0 for m in ("sub_em", "guarded_sub_em", "em", "f1")}, "prediction": "x",
+         "info": {**info, "gold_activation_recall": recall, "reader_prompt_tokens": 1000, "normalised_cost": cost}}
+        for recall, cost in ((1.0, 300.0), (0.5, 500.0))
+    ]  # fmt: skip
+    metrics = aggregate(records)
+    assert metrics["gold_activation_recall"] == 0.75 and metrics["normalised_cost"] == 400.0
+    assert metrics["activated_chunks_per_query"] == 5.0 and metrics["reader_prompt_tokens"] == 1000.0
+    results = {
+        "label": "p", "policy": {"spec": "p", "kind": "export"}, "data": "d", "protocol": "parser",
+        "settings": {"readers": "lexical", "max_turns": 12, "chunk_tokens": 4096, "max_new_tokens": 8,
+                     "temperature": 0.0, "seed": 0},
+        "env": {**ParserEnvConfig(**ROUTED).to_dict()},
+        "subsets": [{"name": "length-06400", "kind": "length", "paragraphs": 6400, "tokens_mean": 1e6,
+                     "variant": "length=6400", "value": "6400", "metrics": metrics}],
+        "overall": metrics,
+    }  # fmt: skip
+    md = render_results_md(results)
+    assert "routed activation (bm25 top-3, summary top-3)" in md and "0.1 x reader prompt tokens" in md
+    header = next(line for line in md.splitlines() if line.startswith("| paragraphs"))
+    row = next(line for line in md.splitlines() if line.startswith("| 6,400"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["activated/query"] == "5.0" and cells["gold activation recall"] == "75.0"
+    assert cells["normalised cost"] == "400" and cells["reader prompt tokens"] == "1,000"

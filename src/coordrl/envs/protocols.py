@@ -218,10 +218,22 @@ def _sampling(s: Mapping[str, Any]) -> str:
 
 
 def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
-    setup = f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {_sampling(s)}"
+    if env.get("activation") == "routed":
+        ks = [
+            f"{p} top-{env.get(f'route_{p}_top_k')}"
+            for p in ("bm25", "summary", "dense")
+            if env.get(f"route_{p}_top_k")
+        ]
+        activation = f"routed activation ({', '.join(ks)})"
+    else:
+        activation = "every query to every reader"
+    setup = f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {activation}, {_sampling(s)}"
     legend = (
         f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
-        "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample"
+        "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample; "
+        "activated/query = readers one query woke; normalised cost = lead tokens (read and written, every turn) + "
+        f"{env.get('reader_cost_weight', 0.1)} x reader prompt tokens; gold activation recall = share of chunks holding "
+        "a gold Document that some query woke"
     )
     return setup, legend
 
@@ -260,10 +272,14 @@ _PARSER_COLUMNS = (
     ("turns", "turns"),
     ("queries_per_turn", "queries/turn"),
     ("reader_calls", "reader calls"),
+    ("activated_chunks_per_query", "activated/query"),
     ("lead_prompt_tokens", "lead prompt tokens"),
+    ("reader_prompt_tokens", "reader prompt tokens"),
+    ("normalised_cost", "normalised cost"),
     ("latency_p50_s", "latency p50 (s)"),
     ("latency_p95_s", "latency p95 (s)"),
     ("gold_coverage", "gold coverage"),
+    ("gold_activation_recall", "gold activation recall"),
     ("reader_errors", "reader errors"),
     ("failed", "failed"),
 )
@@ -329,6 +345,12 @@ register_protocol(
         env_owns_reward=False,
         answers_by_region=False,
         eval_turns_from_training=False,
+        eval_metrics=(
+            "activated_chunks_per_query",
+            "reader_prompt_tokens",
+            "normalised_cost",
+            "gold_activation_recall",
+        ),
         table_columns=_PARSER_COLUMNS,
         summary_key="readers",
         summary_fields=_PARSER_SUMMARY,

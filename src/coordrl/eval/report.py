@@ -49,7 +49,8 @@ _FORMATS: dict[str, Callable[[Any], str]] = {
     "latency_p50_s": _num(2), "latency_p95_s": _num(2), "gold_coverage": _pct, "reader_errors": _int, "failed": _int,
     "recall": _pct, "pages_selected": _num(1), "answer_prompt_tokens": _int, "model_calls": _num(1),
     "regions": _num(1), "selector_errors": _int, "selector_parse_failures": _int, "answerer_errors": _int,
-    "answerer_parse_failures": _int,
+    "answerer_parse_failures": _int, "activated_chunks_per_query": _num(1), "reader_prompt_tokens": _int,
+    "normalised_cost": _int, "gold_activation_recall": _pct,
 }  # fmt: skip
 _SHORT = {"sub_em": "sub_em", "guarded_sub_em": "guarded", "em": "EM", "f1": "F1"}
 
