@@ -18,7 +18,9 @@ def _same(flag: str, commands: tuple[str, ...]) -> None:
     assert len(seen) == 1, (flag, seen)
 
 
-@pytest.mark.parametrize("flag", ["--readers", "--reader-model", "--reader-timeout", "--reader-retries"])
+@pytest.mark.parametrize(
+    "flag", ["--readers", "--reader-model", "--reader-timeout", "--reader-retries", "--chunk-overlap-tokens"]
+)
 def test_reader_flags_are_one_declaration(flag):
     _same(flag, ("rollout", "eval", "answer"))
 

@@ -55,7 +55,7 @@ def test_two_round_episode_finds_gold_and_scores_exact_match(samples, tok):
     assert info["turns"] == 1 and info["queries"] == 2 and info["reader_calls"] == 2 * info["chunks"]
     assert info["gold_coverage"] == 1.0 and 0 < info["abstain_rate"] < 1
     found = env.env.findings
-    assert all(set(f) == {"turn", "query", "chunk", "documents", "text"} for f in found)
+    assert all(set(f) == {"turn", "query", "chunk", "token_start", "token_end", "documents", "text"} for f in found)
     _, reward, term, trunc, info = env.step("<think>Both American.</think><answer>yes</answer>")
     assert (reward, term, trunc) == (1.0, True, False)
     assert info["assistant_turns"] == 2 and info["tool_rounds"] == 1

@@ -49,6 +49,13 @@ def add_reader_flags(p: argparse.ArgumentParser) -> None:
     add_reader_limit_flags(p)
 
 
+def add_chunk_overlap_flag(p: argparse.ArgumentParser) -> None:
+    """``--chunk-overlap-tokens`` of ``rollout``, ``eval`` and ``answer`` (PARSER reader chunks)."""
+    p.add_argument("--chunk-overlap-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="tokens each reader chunk shares with the next, below --chunk-tokens "
+                   "(default: the policy's recorded setting, else 0: chunks tile the document)")  # fmt: skip
+
+
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
     """Where the policy of ``eval`` and ``answer`` runs: ``--policy-url`` (an OpenAI-compatible server,
     e.g. ``vllm serve EXPORT``) with ``--served-model``, else in-process on ``--device``; and its

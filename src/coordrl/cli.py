@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.argtypes import UsageError, add_reader_flags, reader_limits
+from coordrl.argtypes import UsageError, add_chunk_overlap_flag, add_reader_flags, reader_limits
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 
@@ -211,14 +211,15 @@ def _rollout_episode(args: argparse.Namespace):
             raise UsageError(f"--policy must be 'scripted' or a model folder; {args.policy} is not a folder")
         policy = HFPolicy(args.policy, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
         tokenizer = policy.tokenizer
-    config = ParserEnvConfig(
-        readers=args.readers,
-        reader_model=args.reader_model,
-        chunk_tokens=args.chunk_tokens,
-        max_turns=args.max_turns,
-        **reader_limits(args),
-    )
     try:
+        config = ParserEnvConfig(
+            readers=args.readers,
+            reader_model=args.reader_model,
+            chunk_tokens=args.chunk_tokens,
+            chunk_overlap_tokens=args.chunk_overlap_tokens or 0,
+            max_turns=args.max_turns,
+            **reader_limits(args),
+        )
         factory = ParserEnvFactory(config, tokenizer=tokenizer)
         env = StepEnv(factory(), ChatCodec(tokenizer), max_turns=config.max_turns)
     except ValueError as e:
@@ -317,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
+    add_chunk_overlap_flag(rollout)
     add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,6 +41,10 @@ class ParserEnvConfig:
         reader_concurrency: reader requests in flight per process (default 64).
         reader_timeout_s / reader_retries: per attempt timeout and retries before a reader counts as unavailable.
         chunk_tokens: tokens per reader chunk (512 for training, 4,096 for evaluation).
+        chunk_overlap_tokens: tokens each reader chunk shares with the next (default 0: chunks tile the
+            document); chunks then start every ``chunk_tokens - chunk_overlap_tokens`` tokens, so a
+            fact of up to this many tokens on a chunk boundary is read whole by one reader.
+            ``0 <= chunk_overlap_tokens < chunk_tokens``.
         tokenizer: tokenizer for chunking and the observation budget (None: coordrl's shipped tokenizer;
             use the policy's).
         max_queries: queries accepted in one call (default 8).
@@ -67,6 +71,7 @@ class ParserEnvConfig:
     reader_timeout_s: float = 60.0
     reader_retries: int = 3
     chunk_tokens: int = 512
+    chunk_overlap_tokens: int = 0
     tokenizer: str | None = None
     max_queries: int = 8
     max_query_chars: int = 500
@@ -81,6 +86,12 @@ class ParserEnvConfig:
     reader_cost_weight: float = 0.1
 
     def __post_init__(self) -> None:
+        overlap = self.chunk_overlap_tokens
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < self.chunk_tokens:
+            raise ConfigError(
+                f"chunk_overlap_tokens: must be a whole number >= 0 and below chunk_tokens ({self.chunk_tokens}), "
+                f"got {overlap!r}"
+            )
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation: must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         ks = ("route_bm25_top_k", "route_summary_top_k", "route_dense_top_k")
@@ -182,9 +193,10 @@ class ParserLeadEnv:
             docs = row.get("chunk_documents") or [[] for _ in texts]
             self._chunks = [Chunk(i, t, 0, 0, 0, 0, tuple(d)) for i, (t, d) in enumerate(zip(texts, docs, strict=True))]
         elif isinstance(row.get("context"), str) and row["context"]:
+            size, overlap = self._config.chunk_tokens, self._config.chunk_overlap_tokens
             self._chunks = self._chunk_cache.get(
-                row["context"], self._config.chunk_tokens, row.get("doc_offsets"),
-                lambda: chunk_context(row["context"], self._tokenizer, self._config.chunk_tokens, row.get("doc_offsets")),
+                row["context"], (size, overlap), row.get("doc_offsets"),
+                lambda: chunk_context(row["context"], self._tokenizer, size, row.get("doc_offsets"), overlap),
             )  # fmt: skip
         else:
             raise ValueError(f"sample {rid!r}: needs a non-empty 'context' or 'chunks' field")
@@ -273,7 +285,8 @@ class ParserLeadEnv:
 
     @property
     def findings(self) -> list[dict[str, Any]]:
-        """Every non-abstaining reader answer so far: turn, query, chunk, documents, text."""
+        """Every non-abstaining reader answer so far, in turn, query and document order: turn, query, chunk,
+        its token span (token_start, token_end), the Documents it covers, and the text."""
         return list(self._stats.findings)
 
     @property
@@ -385,6 +398,9 @@ class ParserLeadEnv:
                         "turn": turn,
                         "query": query,
                         "chunk": chunk.index,
+                        # Where in the document: overlapping chunks can report one fact twice.
+                        "token_start": chunk.token_start,
+                        "token_end": chunk.token_end,
                         "documents": list(chunk.documents),
                         "text": text,
                     }
@@ -442,10 +458,11 @@ class ChunkCache:
         self._entries: OrderedDict[tuple, list[Chunk]] = OrderedDict()
         self.hits = 0
 
-    def get(self, context: str, chunk_tokens: int, doc_offsets: Sequence[int] | None, compute) -> list[Chunk]:
+    def get(self, context: str, chunking: Hashable, doc_offsets: Sequence[int] | None, compute) -> list[Chunk]:
+        """The chunks of ``context`` under ``chunking`` (the settings that shape them), computed once."""
         if self.max_entries <= 0:
             return compute()
-        key = (hashlib.sha1(context.encode()).digest(), chunk_tokens, tuple(doc_offsets or ()))
+        key = (hashlib.sha1(context.encode()).digest(), chunking, tuple(doc_offsets or ()))
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)

@@ -60,8 +60,8 @@ class Protocol:
         probe_result: tool result of that probe conversation.
         answer_summary: the one-line ``coordrl answer`` summary; formatted with the answer's info.
         make_probe_env: ``() -> unbound environment`` (see `probe_env`).
-        eval_settings: ``(readers, reader_model, max_turns, chunk_tokens) -> config overrides`` for
-            evaluation and inference; ValueError when one of them does not apply to the protocol.
+        eval_settings: ``(readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens) -> config
+            overrides`` for evaluation and inference; ValueError when one of them does not apply to the protocol.
         answer_kwargs: extra ``Coordinator.from_pretrained`` arguments the model card's example needs.
         card_section: ``(policy meta, policy file name) -> lines`` of the model card's protocol section.
         policy_extras: ``env -> entries`` the exported policy file records beyond the common ones.
@@ -144,11 +144,17 @@ class Protocol:
 
 
 def _parser_eval_settings(
-    readers: str | None, reader_model: str | None, max_turns: int | None, chunk_tokens: int | None
+    readers: str | None,
+    reader_model: str | None,
+    max_turns: int | None,
+    chunk_tokens: int | None,
+    chunk_overlap_tokens: int | None = None,
 ) -> dict[str, Any]:
     """PARSER evaluates with its own round cap and reader chunks (not training's); given readers
-    replace the training ones."""
+    replace the training ones. Chunks overlap as in training unless ``chunk_overlap_tokens`` is given."""
     out: dict[str, Any] = {"max_turns": max_turns or EVAL_MAX_TURNS, "chunk_tokens": chunk_tokens or EVAL_CHUNK_TOKENS}
+    if chunk_overlap_tokens is not None:
+        out["chunk_overlap_tokens"] = chunk_overlap_tokens
     if readers is not None:
         out.update(readers=readers, reader_model=reader_model)
     elif reader_model is not None:
@@ -157,12 +163,16 @@ def _parser_eval_settings(
 
 
 def _hmars_eval_settings(
-    readers: str | None, reader_model: str | None, max_turns: int | None, chunk_tokens: int | None
+    readers: str | None,
+    reader_model: str | None,
+    max_turns: int | None,
+    chunk_tokens: int | None,
+    chunk_overlap_tokens: int | None = None,
 ) -> dict[str, Any]:
     """HMARS keeps its recorded regions, pages and frozen roles; PARSER's reader arguments do not apply."""
-    if (readers not in (None, "lexical")) or reader_model or chunk_tokens:
+    if (readers not in (None, "lexical")) or reader_model or chunk_tokens or chunk_overlap_tokens is not None:
         raise ValueError(
-            "readers / reader_model / chunk_tokens are PARSER settings; set the frozen roles and regions "
+            "readers / reader_model / chunk_tokens / chunk_overlap_tokens are PARSER settings; set the frozen roles and regions "
             "through the HMARS settings instead (e.g. selector=URL, c_sub=N)"
         )
     return {}
@@ -227,7 +237,9 @@ def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_ru
         activation = f"routed activation ({', '.join(ks)})"
     else:
         activation = "every query to every reader"
-    setup = f"- max turns {s['max_turns']}, reader chunks {s['chunk_tokens']} tokens, {activation}, {_sampling(s)}"
+    overlap = env.get("chunk_overlap_tokens") or 0
+    chunks = f"reader chunks {s['chunk_tokens']} tokens" + (f" overlapping by {overlap}" if overlap else "")
+    setup = f"- max turns {s['max_turns']}, {chunks}, {activation}, {_sampling(s)}"
     legend = (
         f"- failed requests: {failed_rule}; accuracy in %, sub_em is the reference's (leaky) metric, guarded sub_em scores "
         "empty answers 0; lead prompt tokens = prompt tokens the policy read over all its turns; latency per sample; "

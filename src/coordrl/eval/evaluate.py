@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
-from coordrl.argtypes import add_policy_flags, add_reader_flags
+from coordrl.argtypes import add_chunk_overlap_flag, add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.envs.protocols import Protocol, get_protocol
@@ -85,6 +85,7 @@ _FINGERPRINT_KEYS = (
     "reader_model",
     "max_turns",
     "chunk_tokens",
+    "chunk_overlap_tokens",
     "max_new_tokens",
     "temperature",
     "seed",
@@ -113,6 +114,8 @@ class EvalConfig:
         policy_url / served_model: evaluate through an OpenAI-compatible server (default: in-process).
         max_turns: tool rounds (default 12; ``hmars``: per region, default training's cap).
         chunk_tokens: reader chunk size (default 4096; not used by ``hmars``).
+        chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
+            policy's recorded setting, else 0; not used by ``hmars``).
         hmars: `HmarsEnvConfig` fields replacing an ``hmars`` policy's recorded ones (default None).
         limit: first N samples of each subset (default all).
         concurrency: episodes in flight (default 4).
@@ -143,6 +146,7 @@ class EvalConfig:
     served_model: str | None = None
     max_turns: int | None = None
     chunk_tokens: int = 4096
+    chunk_overlap_tokens: int | None = None
     limit: int | None = None
     concurrency: int = 4
     baseline: str | None = None
@@ -586,6 +590,7 @@ def _episode_settings(cfg: EvalConfig, max_new_tokens: int, window: int | None) 
         "reader_model": cfg.reader_model,
         "max_turns": cfg.max_turns,
         "chunk_tokens": cfg.chunk_tokens,
+        "chunk_overlap_tokens": cfg.chunk_overlap_tokens,  # None: the policy's own (earlier runs still resume)
         "max_new_tokens": max_new_tokens,
         "temperature": cfg.temperature,
         "seed": cfg.seed,
@@ -656,6 +661,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         or (cfg.limit is not None and cfg.limit < 1)
     ):
         raise DataError("--concurrency, --max-turns, --chunk-tokens and --limit must be positive")
+    if cfg.chunk_overlap_tokens is not None and cfg.chunk_overlap_tokens < 0:
+        raise DataError(f"--chunk-overlap-tokens must be >= 0, got {cfg.chunk_overlap_tokens}")
     subsets = discover_subsets(cfg.data)
     source = resolve_policy(cfg.policy)
     protocol = get_protocol(source.protocol)
@@ -679,7 +686,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             raise PolicyError(f"--baseline prompted: {source.spec} records a base {e}") from None
     try:
         # Round caps and chunk sizes are reader settings; HMARS regions and pages come from the recorded env.
-        reader_args = {"max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens} if protocol.uses_readers else {}
+        reader_args = (
+            {
+                "max_turns": cfg.max_turns,
+                "chunk_tokens": cfg.chunk_tokens,
+                "chunk_overlap_tokens": cfg.chunk_overlap_tokens,
+            }
+            if protocol.uses_readers
+            else {}
+        )
         env_config = source.env_config(
             readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args
         )
@@ -890,6 +905,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         policy=args.policy, data=str(args.data), out=str(args.out), readers=args.readers, reader_model=args.reader_model,
         policy_url=args.policy_url, served_model=args.served_model, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens,
+        chunk_overlap_tokens=args.chunk_overlap_tokens,
         limit=args.limit, concurrency=args.concurrency, baseline=args.baseline, drop_failed=args.drop_failed, seed=args.seed,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_completion_tokens=args.max_completion_tokens,
         context_window=args.context_window, device=args.device, label=args.label, overwrite=args.overwrite, progress=not args.no_progress,
@@ -969,6 +985,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one"
     )
     p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
+    add_chunk_overlap_flag(p)
     add_reader_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_eval)

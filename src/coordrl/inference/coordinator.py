@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
-from coordrl.argtypes import add_policy_flags, add_reader_flags
+from coordrl.argtypes import add_chunk_overlap_flag, add_policy_flags, add_reader_flags
 from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.envs.protocols import get_protocol
@@ -265,6 +265,7 @@ class Coordinator:
         hmars: dict[str, Any] | None = None,
         reader_timeout_s: float | None = None,
         reader_retries: int | None = None,
+        chunk_overlap_tokens: int | None = None,
     ) -> Coordinator:
         """Load a policy (export, checkpoint, model folder, hub id or ``scripted``) and its readers.
 
@@ -280,6 +281,8 @@ class Coordinator:
                 per region, default training's cap).
             chunk_tokens: tokens per reader chunk (default 4096, PARSER's evaluation size; not
                 used by ``hmars``).
+            chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
+                recorded training setting, else 0; not used by ``hmars``).
             served_model: model name on ``policy_url`` (default: discovered from ``/v1/models``).
             max_new_tokens: tokens per policy turn (default: training's cap, else 512).
             temperature: 0 (default): greedy.
@@ -295,8 +298,9 @@ class Coordinator:
         source = resolve_policy(folder)
         try:
             env_config = source.env_config(
-                readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars
-            )
+                readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars,
+                chunk_overlap_tokens=chunk_overlap_tokens,
+            )  # fmt: skip
             spec = get_protocol(source.protocol)
             limits = {
                 k: v
@@ -491,7 +495,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         args.policy, readers=args.readers, reader_model=args.reader_model, policy_url=args.policy_url,
         device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
         max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens, hmars=parse_settings(args.hmars),
-        reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries,
+        reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries, chunk_overlap_tokens=args.chunk_overlap_tokens,
     )  # fmt: skip
     try:
         result = coord.answer(raw, args.question)
@@ -547,6 +551,7 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="longest document accepted (default 1000000)",
     )
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
+    add_chunk_overlap_flag(p)
     add_reader_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_answer)

@@ -135,13 +135,14 @@ class PolicySource:
         max_turns: int | None = None,
         chunk_tokens: int | None = None,
         hmars: dict[str, Any] | None = None,
+        chunk_overlap_tokens: int | None = None,
     ):
         """The environment settings for evaluation or inference.
 
         ``parser``: a `ParserEnvConfig`. Reader, observation and query settings come from training;
         ``readers`` / ``reader_model`` replace the training readers when given; ``max_turns``
         (default 12) and ``chunk_tokens`` (default 4096) are the evaluation settings PARSER uses,
-        not the training ones.
+        not the training ones; ``chunk_overlap_tokens`` replaces training's chunk overlap when given.
 
         ``hmars``: the `HmarsEnvConfig` recorded at training (regions, pages, frozen roles, mode),
         with ``hmars`` (field -> value, e.g. ``{"c_sub": 4096, "selector": "http://..."}``)
@@ -153,7 +154,7 @@ class PolicySource:
                 f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply"
             )
         try:
-            overrides = protocol.eval_settings(readers, reader_model, max_turns, chunk_tokens)
+            overrides = protocol.eval_settings(readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens)
             # Chunks, regions, pages and budgets count the policy's own tokenizer's tokens.
             return protocol.config(self.env, **{**overrides, **(hmars or {}), "tokenizer": self.path})
         except ValueError as e:
