@@ -68,15 +68,17 @@ def _glued_tokenizer(text: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
-def test_unclean_cuts_and_truncating_backends_fall_back_to_whole_context(tok):
+def test_unclean_cuts_fall_back_to_whole_context_and_backend_settings_do_not_leak(tok):
     paras = [Paragraph(f"Doc {i}", "The mill\nDoc stands by the river.\nDoc again. " * 4) for i in range(60)]
     context, offsets = render_context(paras)
     glued = _glued_tokenizer(context)
     assert _piece_spans(context, glued) is None  # a merge crosses "\nD": pieces would change the tokens
     assert chunk_context(context, glued, 50, offsets) == reference_chunks(context, glued, 50, offsets)
+    # The pieces go through the tokenizer's own call, as the whole context did: a backend left set
+    # to truncate (tokenizer.json can say so) cuts neither.
     truncating = load_tokenizer(None)
     truncating.backend_tokenizer.enable_truncation(16)
-    assert _piece_spans(context, truncating) is None
+    assert _piece_spans(context, truncating) is not None
     assert chunk_context(context, truncating, 50, offsets) == reference_chunks(context, tok, 50, offsets)
 
 

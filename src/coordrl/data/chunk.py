@@ -13,7 +13,7 @@ newlines, in one batch call that the tokenizers library spreads over the cores. 
 multi-megabyte string costs about twice the CPU of the same text in pieces, and only the offsets of
 chunk-boundary tokens are read, never the whole offset list (a million Python tuples). Every cut
 is checked (the characters around it tokenize to the same ids together as apart); where the cuts
-are not clean, or the tokenizer truncates or pads, the whole context is tokenized at once as before.
+are not clean the whole context is tokenized at once, as before.
 Either way the chunks are the same.
 """
 
@@ -61,22 +61,20 @@ def _whole_text_spans(context: str, tokenizer) -> TokenSpans:
     return len(offsets), lambda t: tuple(offsets[t])
 
 
-def _clean(context: str, cuts: list[int], count_only) -> bool:
+def _clean(context: str, cuts: list[int], tokenizer) -> bool:
     """Whether the characters around every cut tokenize to the same ids together as apart."""
     lefts = [context[max(0, c - _CUT_CHECK_CHARS) : c] for c in cuts]
     rights = [context[c : c + _CUT_CHECK_CHARS] for c in cuts]
-    checks = count_only([a + b for a, b in zip(lefts, rights, strict=True)] + lefts + rights, add_special_tokens=False)
+    texts = [a + b for a, b in zip(lefts, rights, strict=True)] + lefts + rights
+    ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     k = len(cuts)
-    return all(checks[i].ids == checks[k + i].ids + checks[2 * k + i].ids for i in range(k))
+    return all(ids[i] == ids[k + i] + ids[2 * k + i] for i in range(k))
 
 
 def _piece_spans(context: str, tokenizer) -> TokenSpans | None:
     """The tokens of ``context`` from pieces tokenized in one parallel batch, or None where that
-    cannot be shown to give exactly the tokens of the whole text."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    # A backend set to truncate or pad would change each piece; the wrapper's call turns both off.
-    if backend is None or backend.truncation is not None or backend.padding is not None:
-        return None
+    cannot be shown to give exactly the tokens of the whole text. The tokenizer is called as for the
+    whole text (same settings: no truncation or padding, special tokens as configured)."""
     cuts: list[int] = []  # right after a newline, before a non-space character
     pos = _PIECE_CHARS
     while pos < len(context) - _PIECE_CHARS:
@@ -87,16 +85,18 @@ def _piece_spans(context: str, tokenizer) -> TokenSpans | None:
         pos = match.end() + _PIECE_CHARS
     if not cuts:
         return None
-    count_only = getattr(backend, "encode_batch_fast", backend.encode_batch)  # ids without offsets: cheaper
     # Split patterns differ on a run of newlines before text: the Qwen and Llama 3 families keep
     # "\n\n" as one pre-token, so the cut goes after the run; the GPT-2 family splits the run before
     # its last newline (``\s+(?!\S)``), so the cut goes there. Whichever is clean here is used.
-    if not _clean(context, cuts, count_only):
+    if not _clean(context, cuts, tokenizer):
         cuts = [c - 1 for c in cuts]
-        if not _clean(context, cuts, count_only):
+        if not _clean(context, cuts, tokenizer):
             return None
     bounds = [0, *cuts, len(context)]
-    pieces = backend.encode_batch([context[a:b] for a, b in itertools.pairwise(bounds)], add_special_tokens=False)
+    texts = [context[a:b] for a, b in itertools.pairwise(bounds)]
+    pieces = tokenizer(texts, add_special_tokens=False, return_attention_mask=False).encodings
+    if pieces is None:  # not a tokenizers-backed result: no offsets to read back
+        return None
     first = list(itertools.accumulate((len(p) for p in pieces), initial=0))  # first token of each piece
 
     def span(t: int) -> tuple[int, int]:
