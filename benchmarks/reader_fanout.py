@@ -8,23 +8,24 @@ L = 0 (target <= 0.3 ms): client process CPU time per call, and wall time per ca
 
 Chunk text is synthetic (about 4 characters per token), so no tokenizer is needed.
 
-    .venv/bin/python benchmarks/reader_fanout.py [--concurrency 64 256] [--latencies 0.05 0.2] [--transport httpx]
+    .venv/bin/python benchmarks/reader_fanout.py [--concurrency 64 256] [--latencies 0.05 0.2]
 
 Concurrency 64 is the fleet's default (``OpenAIReaderFleet(max_concurrency=64)``); 256 is a stress
 point. The bound allows 20% of L per wave for everything that is not latency, while the client's own
 work per wave grows with the wave: at 256 requests of 16 KB (4,096-token chunks) it is about
 256 x 50 us of CPU (kernel loopback send included) = 13 ms against 10 ms at L = 0.05 s on 2 cores.
 
-``--transport httpx`` measures httpx's default transport instead of LeanAsyncTransport, for comparison.
-
 Then one GPU-run-scale round per HTTP client stack, all in this run so their ratios are fair:
-16 rollouts x 2 queries x 219 chunks of 4,096 tokens = 7,008 requests of about 16 KB, the fleet's
-own encoded bodies, each stack behind the fleet's concurrency limit with a per-attempt deadline and
-the reply's JSON parsed. Per stack, concurrency and latency it prints the client's CPU per request
-(process time, the server runs in another process) and the wall time of the round; repeats are
-interleaved across stacks (ABC ABC ...) so that a busy moment of the machine hits every stack.
+16 rollouts x 2 queries x 219 chunks of 4,096 tokens = 7,008 requests of about 16 KB. ``httpx``
+(``httpx.AsyncClient``, its default transport) and ``aiohttp`` (``aiohttp.ClientSession``) send the
+fleet's own encoded bodies, each behind the fleet's concurrency limit with a per-attempt deadline
+and the reply's JSON parsed; ``fleet`` is ``OpenAIReaderFleet.answer`` itself (aiohttp, plus body
+encoding, retries and the reader's reply handling). Per stack, concurrency and latency it prints the
+client's CPU per request (process time; the server runs in another process) and the wall time of
+the round; repeats are interleaved across stacks (ABC ABC ...) so that a busy moment of the machine
+hits every stack.
 
-    .venv/bin/python benchmarks/reader_fanout.py --skip-broadcast --stacks lean-direct httpx aiohttp \
+    .venv/bin/python benchmarks/reader_fanout.py --skip-broadcast --stacks httpx aiohttp fleet \
         --round-concurrency 64 256 --round-latencies 0 0.05 0.2 --repeats 3
 """
 
@@ -44,16 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+import aiohttp
 import httpx
 
 from coordrl.readers.base import ReaderRequest
-from coordrl.readers.http_transport import LeanAsyncTransport
-from coordrl.readers.openai_fleet import OpenAIReaderFleet, _Slots
-
-try:  # measured when installed; not a dependency of coordrl
-    import aiohttp
-except ImportError:
-    aiohttp = None
+from coordrl.readers.chat_client import _Slots
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
 DOC_TOKENS = 896_000
 CHARS_PER_TOKEN = 4
@@ -116,17 +113,8 @@ class FakeServerProcess:
         self.proc.wait(timeout=10)
 
 
-TRANSPORT = "lean"
-
-
 def make_fleet(url: str, concurrency: int) -> OpenAIReaderFleet:
-    transport = None
-    if TRANSPORT == "httpx":
-        n = concurrency
-        transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
-    return OpenAIReaderFleet(
-        [url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=120, transport=transport
-    )
+    return OpenAIReaderFleet([url], "fake-reader", max_concurrency=concurrency, api_key_env=None, timeout_s=120)
 
 
 async def broadcast(fleet: OpenAIReaderFleet, chunks: list[str], tag: str) -> tuple[float, int]:
@@ -182,34 +170,13 @@ async def run_overhead(url: str, concurrency: int, chunks: list[str], rounds: in
 ROUND_TIMEOUT_S = 120.0  # per-attempt deadline, as reader_timeout_s in the 8xH100 configs
 
 
-class LeanDirect:
-    """Today's fleet path: pre-serialised head on LeanAsyncTransport.post_bytes (deadline by its timer)."""
+class HttpxClient:
+    """httpx.AsyncClient.post on its default transport (httpcore), the pool sized to the concurrency;
+    deadline by asyncio.timeout (httpx's own timeouts are per read/write)."""
 
     def __init__(self, url: str, concurrency: int) -> None:
-        self.transport = LeanAsyncTransport(max_idle_per_host=concurrency)
-        endpoint = httpx.URL(url + "/v1/chat/completions")
-        with httpx.Client(headers={"Content-Type": "application/json"}) as c:
-            self.head = LeanAsyncTransport.request_head(c.build_request("POST", endpoint))
-        self.address = (endpoint.host, endpoint.port or 80)
-
-    async def post(self, body: bytes) -> tuple[int, bytes]:
-        status, _, content = await self.transport.post_bytes(self.address, self.head, body, ROUND_TIMEOUT_S)
-        return status, content
-
-    async def aclose(self) -> None:
-        await self.transport.aclose()
-
-
-class HttpxClient:
-    """httpx.AsyncClient.post, deadline by asyncio.timeout (httpx's own timeouts are per read/write).
-
-    ``transport=None`` is httpx's default transport (httpcore) with the pool sized to the concurrency.
-    """
-
-    def __init__(self, url: str, concurrency: int, transport: httpx.AsyncBaseTransport | None = None) -> None:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.AsyncClient(
-            transport=transport,
             limits=limits,
             timeout=httpx.Timeout(ROUND_TIMEOUT_S),
             headers={"Content-Type": "application/json"},
@@ -244,25 +211,38 @@ class AiohttpSession:
         await self.session.close()
 
 
-STACKS = {
-    "lean-direct": LeanDirect,
-    "lean-httpx": lambda url, n: HttpxClient(url, n, LeanAsyncTransport(max_idle_per_host=n)),
-    "httpx": HttpxClient,
-    "aiohttp": AiohttpSession,
-}
+STACKS = {"httpx": HttpxClient, "aiohttp": AiohttpSession, "fleet": None}
 
 
-def round_bodies(url: str, rollouts: int, queries: int, chunk_tokens: int) -> list[bytes]:
-    """One round's request bodies, encoded by the fleet: rollouts x queries x chunks."""
-    fleet = OpenAIReaderFleet([url], "fake-reader", api_key_env=None)
+def round_requests(rollouts: int, queries: int, chunk_tokens: int) -> list[ReaderRequest]:
+    """One round's reader requests: rollouts x queries x chunks (the rollouts of a GRPO group read one document)."""
     chunks = synthetic_chunks(chunk_tokens)
     qs = (QUERIES * queries)[:queries]
-    one = [fleet.encode_body(ReaderRequest(q, c, f"c{i}")) for q in qs for i, c in enumerate(chunks)]
-    return one * rollouts
+    return [ReaderRequest(q, c, f"c{i}") for q in qs for i, c in enumerate(chunks)] * rollouts
 
 
-async def run_round(stack: str, url: str, concurrency: int, bodies: list[bytes]) -> tuple[float, float]:
+async def fleet_round(url: str, concurrency: int, requests: list[ReaderRequest]) -> tuple[float, float]:
+    """(wall s, client CPU s) of ``OpenAIReaderFleet.answer`` over one round, after a warm-up wave."""
+    fleet = make_fleet(url, concurrency)
+    try:
+        await fleet.answer(requests[:concurrency])
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        results = await fleet.answer(requests)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    finally:
+        await fleet.aclose()
+    failed = sum(not r.ok for r in results)
+    if failed:
+        print(f"  WARNING: fleet: {failed} failed requests")
+    return wall, cpu
+
+
+async def run_round(stack: str, url: str, concurrency: int, requests: list[ReaderRequest]) -> tuple[float, float]:
     """(wall s, client CPU s) of one round after a warm-up wave that opens the pool's connections."""
+    if stack == "fleet":
+        return await fleet_round(url, concurrency, requests)
+    encoder = make_fleet(url, concurrency)
+    bodies = [encoder.encode_body(r) for r in requests]  # not timed: every stack sends these bytes
     client = STACKS[stack](url, concurrency)
     slots = _Slots(concurrency)
     failed = 0
@@ -296,9 +276,7 @@ async def run_round(stack: str, url: str, concurrency: int, bodies: list[bytes])
 
 
 def compare_stacks(args: argparse.Namespace) -> None:
-    stacks = [s for s in args.stacks if s != "aiohttp" or aiohttp is not None]
-    if len(stacks) < len(args.stacks):
-        print("aiohttp is not installed: skipped (pip install aiohttp to measure it)")
+    stacks = args.stacks
     print(
         f"client stacks, one round = {args.round_rollouts} rollouts x {args.round_queries} queries x "
         f"{math.ceil(DOC_TOKENS / args.round_chunk_tokens)} chunks of {args.round_chunk_tokens} tokens; "
@@ -306,14 +284,15 @@ def compare_stacks(args: argparse.Namespace) -> None:
     )
     for latency in args.round_latencies:
         with FakeServerProcess(latency) as server:
-            bodies = round_bodies(server.url, args.round_rollouts, args.round_queries, args.round_chunk_tokens)
-            n = len(bodies)
-            kb = sum(map(len, bodies)) / n / 1024
+            requests = round_requests(args.round_rollouts, args.round_queries, args.round_chunk_tokens)
+            n = len(requests)
+            encoder = make_fleet(server.url, 1)
+            kb = sum(len(encoder.encode_body(r)) for r in requests) / n / 1024
             for concurrency in args.round_concurrency:
                 runs: dict[str, list[tuple[float, float]]] = {s: [] for s in stacks}
                 for _ in range(args.repeats):
                     for stack in stacks:
-                        runs[stack].append(asyncio.run(run_round(stack, server.url, concurrency, bodies)))
+                        runs[stack].append(asyncio.run(run_round(stack, server.url, concurrency, requests)))
                 bound = math.ceil(n / concurrency) * latency
                 print(
                     f"  L={latency:.2f}s concurrency {concurrency}: {n} requests of {kb:.1f} KB"
@@ -340,9 +319,6 @@ def main() -> None:
     )
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.05, 0.2])
     parser.add_argument("--overhead-rounds", type=int, default=3, help="broadcasts at L=0 (default 3)")
-    parser.add_argument(
-        "--transport", choices=["lean", "httpx"], default="lean", help="client transport (default lean)"
-    )
     parser.add_argument("--skip-broadcast", action="store_true", help="only the client-stack comparison")
     parser.add_argument("--stacks", nargs="*", choices=sorted(STACKS), default=list(STACKS))
     parser.add_argument("--round-concurrency", type=int, nargs="+", default=[64, 256])
@@ -352,15 +328,13 @@ def main() -> None:
     parser.add_argument("--round-chunk-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per stack (default 3)")
     args = parser.parse_args()
-    global TRANSPORT
-    TRANSPORT = args.transport
     if args.skip_broadcast:
         if args.stacks:
             compare_stacks(args)
         return
 
     chunk_sets = {512: synthetic_chunks(512), 4096: synthetic_chunks(4096)}
-    print(f"document {DOC_TOKENS} tokens; 2 queries per reader; transport {args.transport}; {os.cpu_count()} CPUs")
+    print(f"document {DOC_TOKENS} tokens; 2 queries per reader; {os.cpu_count()} CPUs")
     for concurrency in args.concurrency:
         print(f"concurrency {concurrency}:")
         for latency in args.latencies:

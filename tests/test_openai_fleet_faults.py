@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 from fault_injecting_server import FaultInjectingFakeServer
 
@@ -201,14 +200,6 @@ def test_health_helper(server):
     assert asyncio.run(health(server.url))
     assert asyncio.run(health(server.url + "/v1/"))
     assert not asyncio.run(health(f"http://127.0.0.1:{_free_port()}", timeout_s=1.0))
-
-
-def test_httpx_default_transport_can_be_chosen(server):
-    server.fail_next("500", "drop")
-    fleet = _fleet([server.url], transport=httpx.AsyncHTTPTransport())
-    results = asyncio.run(_answer(fleet, [_req(i) for i in range(5)]))
-    assert all(r.ok for r in results)
-    assert sum(r.attempts for r in results) == 7  # each injected fault cost exactly one retry
 
 
 def test_cached_body_encoding_is_byte_identical_to_json_dumps():

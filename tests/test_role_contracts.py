@@ -23,7 +23,6 @@ from recording_server import RecordingServer, user_text
 from coordrl.cli import main
 from coordrl.data.build import SweepConfig, build_sweep
 from coordrl.data.show import load_built
-from coordrl.envs.hmars_index import ChatEndpoint
 from coordrl.envs.hmars_prompts import (
     answer_messages,
     card_writer_messages,
@@ -31,6 +30,7 @@ from coordrl.envs.hmars_prompts import (
     selector_messages,
 )
 from coordrl.readers.base import ReaderRequest
+from coordrl.readers.chat_endpoint import ChatEndpoint
 from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.prompt import READER_INSTRUCTIONS, sanitize_reader_text
 from coordrl.rollout.models import WORLD_MODEL, resolve_model
@@ -76,7 +76,6 @@ class _OwnBody(OpenAIReaderFleet):
 def _fleets(url: str) -> list[OpenAIReaderFleet]:
     return [
         OpenAIReaderFleet([url], 'm\u00e9"', api_key_env=None),
-        ChatEndpoint([url], "m", api_key_env=None, max_tokens=7),
         _OwnBody([url], "m", api_key_env=None),
         OpenAIReaderFleet([url], "m", api_key_env=None, extra_body={"top_p": 0.5, "stop": ["\u2028"]}),
         OpenAIReaderFleet([url], "m", api_key_env=None, extra_body={"model": "other"}),
@@ -96,11 +95,35 @@ def test_encoded_body_is_json_dumps_of_request_body_for_every_kind():
 def test_chat_requests_send_their_own_messages():
     # The reader prompt (with an empty passage and question) used to replace every other role's messages.
     ep = ChatEndpoint(["http://127.0.0.1:9"], model="m")
-    request = ReaderRequest.chat([{"role": "system", "content": "SELECTOR"}, {"role": "user", "content": "pick"}], "k")
-    assert json.loads(ep.encode_body(request))["messages"] == [
-        {"role": "system", "content": "SELECTOR"},
-        {"role": "user", "content": "pick"},
-    ]
+    messages = [{"role": "system", "content": "SELECTOR"}, {"role": "user", "content": "pick"}]
+    assert json.loads(ep.encode_body(messages))["messages"] == messages
+    # The chat-kind reader requests send the same body through a reader fleet.
+    fleet = OpenAIReaderFleet(["http://127.0.0.1:9"], "m")
+    assert fleet.encode_body(ReaderRequest.chat(messages, "k")) == ep.encode_body(messages)
+
+
+def _chat_conversations(rng: random.Random) -> list[list[dict[str, str]]]:
+    """The conversations of the chat kinds of `request_kinds` (card, region, selector, answer)."""
+    return [list(r.chat_messages()) for r in request_kinds(rng) if r.messages is not None]
+
+
+def test_chat_endpoint_sends_its_request_body():
+    """Card writer, region writer, selector and answer model: the bytes that arrive are
+    ``json.dumps(request_body(messages))``, hostile text included, and replies come back in order."""
+    rng = random.Random(2)
+    with RecordingServer() as server:
+        ep = ChatEndpoint([server.url], "m", api_key_env=None, max_tokens=7)
+        conversations = _chat_conversations(rng) + _chat_conversations(rng)
+
+        async def send():
+            async with ep:
+                return await ep.chat(conversations, [f"k{i}" for i in range(len(conversations))])
+
+        results = asyncio.run(send())
+        assert all(r.ok for r in results), [r.error for r in results]
+        received = sorted(r["raw"] for r in server.requests)
+    assert received == sorted(json.dumps(ep.request_body(c), separators=(",", ":")).encode() for c in conversations)
+    assert all(json.loads(raw)["max_tokens"] == 7 for raw in received)
 
 
 def test_bytes_on_the_wire_are_the_request_body():

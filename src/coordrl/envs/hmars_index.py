@@ -36,10 +36,10 @@ from typing import Any
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars_prompts import card_writer_messages, region_writer_messages
-from coordrl.readers.base import ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderResult
+from coordrl.readers.chat_endpoint import ChatEndpoint, make_chat_endpoint
 from coordrl.readers.lexical import _STOPWORDS, split_chunk_sentences
 from coordrl.readers.loop import shared_loop
-from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
 __all__ = [
     "INDEX_VERSION",
@@ -445,38 +445,6 @@ def lexical_region(
 
 
 # -- model writer ---------------------------------------------------------------------------------
-
-
-class ChatEndpoint(OpenAIReaderFleet):
-    """`OpenAIReaderFleet` used for arbitrary chat prompts (card writer, selector, answer model): same
-    pooled client, retries, backoff, replica routing and never-raise failures; each request carries
-    its own messages (`ReaderRequest.chat`), which the fleet sends as they are."""
-
-    async def chat(
-        self, conversations: Sequence[Sequence[dict[str, str]]], keys: Sequence[str] | None = None
-    ) -> list[ReaderResult]:
-        """One completion per conversation, concurrently, in order. ``keys`` route to replicas."""
-        keys = list(keys) if keys is not None else [str(i) for i in range(len(conversations))]
-        return await self.answer([ReaderRequest.chat(c, k) for c, k in zip(conversations, keys, strict=True)])
-
-
-def make_chat_endpoint(
-    spec: str, model: str | None, api_key_env: str | None = "OPENAI_API_KEY", **options: Any
-) -> ChatEndpoint | None:
-    """None for ``lexical``; else a `ChatEndpoint` over the comma-separated URLs in ``spec``.
-
-    ``options`` go to `OpenAIReaderFleet` (``max_tokens``, ``timeout_s``, ``max_retries``,
-    ``max_concurrency``, ``backoff_s``, ``extra_body``).
-    """
-    spec = (spec or "lexical").strip()
-    if spec == "lexical":
-        return None
-    urls = [u.strip() for u in spec.split(",") if u.strip()]
-    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
-        raise DataError(f"a backend must be 'lexical' or comma-separated http(s) URLs, got {spec!r}")
-    if not model:
-        raise DataError(f"backend {spec!r} needs the served model name")
-    return ChatEndpoint(urls, model, api_key_env=api_key_env, **options)
 
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")

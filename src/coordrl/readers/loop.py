@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -53,6 +54,10 @@ class BackgroundLoop:
 
     def close(self) -> None:
         if self.loop.is_running():
+            # Close the open async generators first, as asyncio.run does before closing its loop: the
+            # HTTP connection pools of model clients are closed by theirs (see readers.chat_client).
+            with contextlib.suppress(Exception):
+                self.submit(self.loop.shutdown_asyncgens()).result(timeout=5)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
 

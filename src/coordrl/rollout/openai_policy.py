@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from coordrl.envs.step import StepEnv
-from coordrl.readers.openai_fleet import normalize_base_url
+from coordrl.readers.chat_client import normalize_base_url
+from coordrl.readers.retry import Retryable, RetryPolicy
 
 __all__ = ["OpenAIPolicy", "PolicyRequestError"]
 
@@ -218,22 +218,17 @@ class OpenAIPolicy:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         url = self.url + path
-        error = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+
+        def attempt() -> dict[str, Any]:
             try:
                 response = self._client.request(method, url, json=body, headers=self._headers())
-            except httpx.TimeoutException:
-                error = f"timeout after {self.timeout_s}s"
-                continue
+            except httpx.TimeoutException as exc:
+                raise Retryable(f"timeout after {self.timeout_s}s") from exc
             except httpx.TransportError as exc:  # refused, reset, protocol error: the server may come back
-                error = f"{type(exc).__name__}: {exc}"
-                continue
+                raise Retryable(f"{type(exc).__name__}: {exc}") from exc
             status = response.status_code
             if status == 429 or status >= 500:
-                error = f"HTTP {status}: {response.text[:_ERROR_BODY_CHARS]}"
-                continue
+                raise Retryable(f"HTTP {status}: {response.text[:_ERROR_BODY_CHARS]}")
             if status != 200:
                 # A client error (bad request, prompt too long) will not change on retry.
                 raise PolicyRequestError(f"{method} {url} failed: HTTP {status}: {response.text[:_ERROR_BODY_CHARS]}")
@@ -243,7 +238,11 @@ class OpenAIPolicy:
                 raise PolicyRequestError(
                     f"{method} {url}: reply is not JSON: {response.text[:_ERROR_BODY_CHARS]}"
                 ) from None
-        raise PolicyRequestError(f"{method} {url} failed after {self.max_retries + 1} attempt(s): {error}")
+
+        outcome = RetryPolicy(self.max_retries, self.backoff_s).run(attempt)
+        if not outcome.ok:
+            raise PolicyRequestError(f"{method} {url} failed after {outcome.attempts} attempt(s): {outcome.error}")
+        return outcome.value
 
     def close(self) -> None:
         self._client.close()
