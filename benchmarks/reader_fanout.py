@@ -13,7 +13,8 @@ Chunk text is synthetic (about 4 characters per token), so no tokenizer is neede
 Concurrency 64 is the fleet's default (``OpenAIReaderFleet(max_concurrency=64)``); 256 is a stress
 point. The bound allows 20% of L per wave for everything that is not latency, while the client's own
 work per wave grows with the wave: at 256 requests of 16 KB (4,096-token chunks) it is about
-256 x 50 us of CPU (kernel loopback send included) = 13 ms against 10 ms at L = 0.05 s on 2 cores.
+256 x 0.16-0.23 ms of CPU = 41-59 ms against 10 ms at L = 0.05 s, so that stress point is over the
+bound on 2 cores (docs/benchmarks.md weighs it against a GPU run).
 
 Then one GPU-run-scale round per HTTP client stack, all in this run so their ratios are fair:
 16 rollouts x 2 queries x 219 chunks of 4,096 tokens = 7,008 requests of about 16 KB. ``httpx``

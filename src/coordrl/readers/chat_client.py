@@ -8,11 +8,12 @@ It never raises for a server failure: a request that fails after its retries com
 ``ReaderResult(ok=False, error=...)``.
 
 Why aiohttp: a training round sends thousands of small POSTs at once, so the client's CPU per
-request is on the round's critical path. Measured in one run by ``benchmarks/reader_fanout.py``
-(7,008 requests of 16.7 KB, a loopback server in another process), aiohttp costs 0.10-0.15 ms of
-client CPU per request at concurrency 64 to 256, while ``httpx.AsyncClient`` costs 1.9-3.1 ms with
-its default transport (its connection pool rescans every connection for every queued request).
-The figures and the arithmetic against a GRPO step are in docs/benchmarks.md.
+request is on the round's path. Measured in one run by ``benchmarks/reader_fanout.py`` (7,008
+requests of 16.7 KB, a loopback server in another process), aiohttp costs 0.10-0.25 ms of client
+CPU per request at concurrency 64 and 256, while ``httpx.AsyncClient`` on its default transport
+costs 1.9-17 ms (its connection pool rescans every connection for every queued request). A
+hand-written HTTP/1.1 client saved 0.05-0.16 ms per request more, immaterial against a GRPO step:
+the figures and the arithmetic are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
