@@ -295,3 +295,25 @@ def test_eval_averages_and_tabulates_the_activation_metrics():
     cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
     assert cells["activated/query"] == "5.0" and cells["gold activation recall"] == "75.0"
     assert cells["normalised cost"] == "400" and cells["reader prompt tokens"] == "1,000"
+
+
+def test_a_dead_embeddings_server_is_counted_and_never_hides_the_document(samples, tok):
+    from vllm_cpu import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every request is refused
+    dense = {"activation": "routed", "route_dense_url": dead, "route_dense_model": "m", "reader_timeout_s": 5.0}
+    row = samples[0]
+    # Dense alone: its failure must not hide the document, so the query goes to every reader.
+    factory, reader = make(tok, **dense, route_bm25_top_k=0, route_summary_top_k=0, route_dense_top_k=2)
+    env = factory()
+    env.reset(**row)
+    ask(env, [QUERIES[0]])
+    assert len(reader.asked) == len(env.chunks) and env.info["router_errors"] == 1
+    # Beside a lexical pathway: the lexical proposals stand, the failure is counted per query.
+    factory, reader = make(tok, **dense, route_bm25_top_k=3, route_summary_top_k=0, route_dense_top_k=2)
+    env = factory()
+    env.reset(**row)
+    ask(env, QUERIES)
+    bm25 = ChunkRouter([c.text for c in env.chunks], RouterSettings(bm25_top_k=3, summary_top_k=0))
+    assert reader.asked == [(q, env.chunks[i].text) for q in QUERIES for i in bm25.route(q).chunks]
+    assert env.info["router_errors"] == 2

@@ -148,6 +148,7 @@ class EpisodeStats:
     activated: set[int] = field(default_factory=set)
     reader_prompt_tokens: int = 0
     router_seconds: float = 0.0
+    router_errors: int = 0
 
 
 class ParserLeadEnv:
@@ -274,6 +275,7 @@ class ParserLeadEnv:
             "router_ms_per_query": (
                 1000 * s.router_seconds / len(s.activated_per_query) if s.activated_per_query else 0.0
             ),
+            "router_errors": s.router_errors,
             "reader_prompt_tokens": s.reader_prompt_tokens,
             # Reader prompt tokens in lead-token units; `StepEnv` adds the lead's own tokens (normalised cost).
             "reader_cost": self._config.reader_cost_weight * s.reader_prompt_tokens,
@@ -338,8 +340,10 @@ class ParserLeadEnv:
             t0 = time.perf_counter()
             settings = self._config.router_settings()
             router = self._router_cache.get(document_key(self._keys), [c.text for c in self._chunks], settings)
-            plan = [router.route(q, settings).chunks for q in queries]
+            routes = [router.route(q, settings) for q in queries]
             s.router_seconds += time.perf_counter() - t0
+            s.router_errors += sum(len(r.errors) for r in routes)
+            plan = [r.chunks for r in routes]
         for idx in plan:
             s.activated_per_query.append(len(idx))
             s.activated.update(idx)

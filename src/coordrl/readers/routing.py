@@ -117,10 +117,14 @@ class RouterSettings:
 
 @dataclass(frozen=True)
 class RouteResult:
-    """The chunks one query activates: their union (in document order) and each pathway's proposal."""
+    """The chunks one query activates: their union (in document order), each pathway's proposal, and
+    the error of each pathway that failed (the dense pathway's server); ``fallback`` is True when every
+    pathway on failed and the query went to all chunks instead."""
 
     chunks: tuple[int, ...]
     by_pathway: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    fallback: bool = False
 
 
 # -- summaries ---------------------------------------------------------------------------------------
@@ -284,6 +288,10 @@ class EmbeddingClient:
     """``POST {url}/v1/embeddings`` of an OpenAI-compatible server (vLLM's pooling runner, for one).
 
     Texts are sent in batches; the returned vectors are L2-normalised so a dot product is the cosine.
+    Each request asks for vLLM's ``truncate_prompt_tokens: -1``: a 4,096-token chunk is longer than
+    many embedding models' context, and the server then embeds its first max-model-len tokens
+    instead of refusing it. Calls are synchronous: the index is built once per document, and a query
+    is one small request.
     """
 
     def __init__(self, url: str, model: str, timeout_s: float = 60.0, batch: int = 64) -> None:
@@ -299,7 +307,9 @@ class EmbeddingClient:
             for i in range(0, len(texts), self.batch):
                 part = list(texts[i : i + self.batch])
                 try:
-                    resp = client.post(self.url, json={"model": self.model, "input": part})
+                    resp = client.post(
+                        self.url, json={"model": self.model, "input": part, "truncate_prompt_tokens": -1}
+                    )
                     resp.raise_for_status()
                     data = sorted(resp.json()["data"], key=lambda d: d["index"])
                 except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -343,11 +353,16 @@ class ChunkRouter:
         self._summary = _SummaryIndex(texts, settings.summary_names) if settings.summary_top_k else None
         self._embedder = None
         self._vectors = None
+        self.dense_error: str | None = None
         if settings.dense_top_k:
             self._embedder = embedder or EmbeddingClient(
                 settings.dense_url or "", settings.dense_model or "", settings.dense_timeout_s
             )
-            self._vectors = self._embedder.embed(texts)
+            try:
+                self._vectors = self._embedder.embed(texts)
+            except RuntimeError as e:
+                # Remembered for this document's index: retrying every query would cost a timeout each.
+                self.dense_error = str(e)
         self.build_seconds = time.perf_counter() - t0
 
     def route(self, query: str, settings: RouterSettings | None = None) -> RouteResult:
@@ -358,6 +373,7 @@ class ChunkRouter:
         """
         s = settings or self.settings
         by: dict[str, tuple[int, ...]] = {}
+        errors: dict[str, str] = {}
         terms = _terms([query])[0] if self._bm25 is not None or self._summary is not None else []
         for pathway in s.pathways:
             k = s.top_k(pathway)
@@ -371,13 +387,23 @@ class ChunkRouter:
                 named, scores = self._summary.scores(terms)
                 by[pathway] = _top(scores, k, first=named)
             else:
-                if self._embedder is None or self._vectors is None:
+                if self._embedder is None:
                     raise ValueError("this index was built without the dense pathway")
-                q = self._embedder.embed([query])[0]
+                if self._vectors is None:
+                    errors[pathway] = f"chunk embeddings unavailable: {self.dense_error}"
+                    continue
+                try:
+                    q = self._embedder.embed([query])[0]
+                except RuntimeError as e:
+                    errors[pathway] = str(e)
+                    continue
                 # Cosine similarity can be negative; shift so every chunk is a candidate, ranked by similarity.
                 by[pathway] = _top(self._vectors @ q + 1.0, k)
+        if errors and not by:
+            # No pathway could answer: wake every reader rather than silently hide the document.
+            return RouteResult(tuple(range(self.n_chunks)), by, errors, fallback=True)
         union = sorted({i for chunks in by.values() for i in chunks})
-        return RouteResult(tuple(union), by)
+        return RouteResult(tuple(union), by, errors)
 
 
 def document_key(chunk_keys: Sequence[str]) -> str:
