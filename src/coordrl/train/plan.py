@@ -42,6 +42,7 @@ from typing import Any
 from safetensors import safe_open
 
 from coordrl.envs.protocols import get_protocol
+from coordrl.readers.retry import RetryPolicy
 from coordrl.train.config import TrainConfig
 
 __all__ = [
@@ -392,7 +393,8 @@ class ReaderRound:
     def worst_case_s(self) -> float:
         if self.kind == "lexical":
             return 0.0
-        return self.timeout_s * (self.retries + 1) + self.backoff_s * (2**self.retries - 1)
+        # The clients' own arithmetic, so the plan cannot drift from what they do.
+        return RetryPolicy(self.retries, self.backoff_s).worst_case_s(self.timeout_s)
 
 
 def _fleet_backoff_s() -> float:
