@@ -4,7 +4,7 @@
 #   scripts/launch_grpo.sh [--print-only] CONFIG [--field VALUE ...]
 #
 # 1. Reads reader_gpus, reader_model, deepspeed_stage, deepspeed_offload (CONFIG, then the overrides).
-# 2. Checks the plan: python -m coordrl.train.plan (skip with PLAN_CHECK=0).
+# 2. Checks the plan: python -m coordrl.cli.plan (skip with PLAN_CHECK=0).
 # 3. Starts the readers on GPUs 0..reader_gpus-1 in the background, in their own process group:
 #      coordrl serve-readers --model <reader_model> --gpus 0,1 --urls-file <RUN_DIR>/reader_urls.txt
 #    and waits until the URL file appears (serve-readers writes it once every server answers /health).
@@ -141,7 +141,7 @@ if [ "$NUM_NODES" -gt 1 ]; then
 fi
 ACC+=(-m coordrl.cli train --config "$CONFIG")
 
-PLAN=("$PYTHON" -m coordrl.train.plan "$CONFIG" --gpus-per-node "$GPUS_PER_NODE" --num-nodes "$NUM_NODES"
+PLAN=("$PYTHON" -m coordrl.cli.plan "$CONFIG" --gpus-per-node "$GPUS_PER_NODE" --num-nodes "$NUM_NODES"
       --gpu-memory-gb "$GPU_MEMORY_GB" "${OVERRIDES[@]}")
 RUN_DIR="${RUN_DIR:-}"
 READER_PORT_BASE="${READER_PORT_BASE:-8100}"

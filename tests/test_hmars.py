@@ -18,6 +18,7 @@ import pytest
 from transformers.utils import get_json_schema
 from vllm_cpu import free_port, vllm_python_or_skip
 
+from coordrl.cli.index import add_index_parser
 from coordrl.data import BuildConfig, build_dataset
 from coordrl.data.show import load_built
 from coordrl.data.tokens import load_tokenizer
@@ -26,7 +27,6 @@ from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
 from coordrl.envs.hmars_index import (
     IndexCache,
     IndexSettings,
-    add_index_parser,
     build_index,
     build_indexes,
     index_key,

@@ -15,16 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "coordrl"
 # Each unit and the units it may import (besides itself). Top-level helper modules are units too.
 ALLOWED: dict[str, set[str]] = {
     "rewards": set(),
-    "argtypes": set(),
     "data": {"rewards"},
     "rundir": {"data"},
     "readers": {"data", "rewards"},
     "testing": {"readers"},
     "envs": {"data", "rewards", "readers", "rundir"},
     "rollout": {"data", "rewards", "readers", "envs"},
-    "train": {"data", "rewards", "readers", "envs", "rollout", "rundir", "argtypes"},
-    "inference": {"data", "rewards", "readers", "envs", "rollout", "argtypes"},
-    "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir", "argtypes", "inference"},
+    "train": {"data", "rewards", "readers", "envs", "rollout", "rundir"},
+    "inference": {"data", "rewards", "readers", "envs", "rollout"},
+    "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir", "inference"},
 }
 TOP = {"cli", "demo", "__init__", "__main__"}  # entry points: may import anything
 
@@ -48,6 +47,26 @@ def _imports(path: Path) -> set[str]:
             if parts[0] == "coordrl" and len(parts) > 1 and not parts[1].startswith("_"):
                 found.add(parts[1])
     return found
+
+
+def test_only_cli_holds_argparse_code():
+    """Flags and subcommands live in `coordrl.cli` (declared once); the layers below take plain arguments."""
+    found = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if _unit(path) != "cli" and "argparse" in _imports_of_any(path)
+    )
+    assert found == []
+
+
+def _imports_of_any(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def test_every_import_points_down():

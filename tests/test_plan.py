@@ -191,9 +191,9 @@ def test_cpu_config_plans_without_gpu_check(tmp_path):
 
 
 def test_plan_command_exit_codes():
-    ok = subprocess.run([sys.executable, "-m", "coordrl.train.plan", str(CFG_8B)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "coordrl.cli.plan", str(CFG_8B)], capture_output=True, text=True)
     assert ok.returncode == 0 and "fits: yes" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "coordrl.train.plan", str(CFG_8B), "--gpu-memory-gb", "40"],
+    bad = subprocess.run([sys.executable, "-m", "coordrl.cli.plan", str(CFG_8B), "--gpu-memory-gb", "40"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "memory" in bad.stderr and "fits: NO" in bad.stdout
 
@@ -222,7 +222,7 @@ def test_launch_print_only_gpu_split():
     assert "CUDA_VISIBLE_DEVICES=2,3,4,5,6,7 " in train and "accelerate launch" in train
     assert "--config_file " + str(ROOT / "configs" / "zero3.yaml") in train and "--num_processes 6 " in train
     assert f"-m coordrl.cli train --config {CFG_4B} --readers " in train and train.endswith("--max_steps 2")
-    assert "coordrl.train.plan" in lines["plan"]
+    assert "coordrl.cli.plan" in lines["plan"]
 
 
 def test_launch_print_only_overrides_and_multinode():

@@ -178,7 +178,7 @@ def test_cli_serves_until_signalled(fake, tmp_path, sig):
     port = _free_port_pair()
     urls_file = tmp_path / "urls.txt"
     cmd = [
-        sys.executable, "-m", "coordrl.readers.serve", "serve-readers", "--model", "/m", "--cpu",
+        sys.executable, "-m", "coordrl.cli", "serve-readers", "--model", "/m", "--cpu",
         "--python", str(fake), "--port-base", str(port), "--urls-file", str(urls_file), "--log-dir", str(tmp_path),
         "--", "--seed", "7",
     ]  # fmt: skip
@@ -206,7 +206,7 @@ def test_cli_serves_until_signalled(fake, tmp_path, sig):
 
 def test_cli_reports_a_failed_start(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "die")
-    cmd = [sys.executable, "-m", "coordrl.readers.serve", "serve-readers", "--model", "/m", "--gpus", "0",
+    cmd = [sys.executable, "-m", "coordrl.cli", "serve-readers", "--model", "/m", "--gpus", "0",
            "--python", str(fake), "--port-base", str(_free_port_pair()), "--log-dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1

@@ -22,23 +22,17 @@ with ``hmars={...}``), the policy broadcasts once for each of the K mid-agent re
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import math
 import re
-import sys
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
-from coordrl.argtypes import add_chunk_overlap_flag, add_policy_flags, add_reader_flags
-from coordrl.argtypes import positive_int as _positive
 from coordrl.data.errors import DataError
 from coordrl.envs.protocols import get_protocol
 from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
@@ -50,9 +44,7 @@ __all__ = [
     "Coordinator",
     "InputError",
     "SerialPolicy",
-    "add_answer_parser",
     "load_policy",
-    "parse_settings",
 ]
 
 DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
@@ -481,78 +473,3 @@ class Coordinator:
 # ---------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------
-
-
-def _cmd_answer(args: argparse.Namespace) -> int:
-    if str(args.document) == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        path = Path(args.document)
-        if not path.is_file():
-            raise InputError(f"--document {path}: no such file")
-        raw = path.read_bytes()
-    coord = Coordinator.from_pretrained(
-        args.policy, readers=args.readers, reader_model=args.reader_model, policy_url=args.policy_url,
-        device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
-        max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens, hmars=parse_settings(args.hmars),
-        reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries, chunk_overlap_tokens=args.chunk_overlap_tokens,
-    )  # fmt: skip
-    try:
-        result = coord.answer(raw, args.question)
-    finally:
-        coord.close()
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
-    else:
-        print(result.answer if result.answer is not None else "(no answer)")
-        figures = defaultdict(int, result.info, findings=len(result.evidence))  # a missing figure prints 0
-        print(get_protocol(coord.protocol).answer_summary.format_map(figures), file=sys.stderr)
-    return 0 if result.answer is not None else 1
-
-
-def parse_settings(items: Sequence[str] | None) -> dict[str, Any] | None:
-    """``KEY=VALUE`` pairs (``--hmars``) as a dict; values are read as YAML scalars (``4096`` -> int,
-    ``true`` -> bool, ``http://...`` -> str). None when there are none."""
-    import yaml
-
-    if not items:
-        return None
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--hmars {item!r}: expected KEY=VALUE, e.g. c_sub=4096 or selector=http://host:8001/v1")
-        try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError:
-            out[key.strip()] = value
-    return out
-
-
-def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``coordrl answer``."""
-    p = sub.add_parser(
-        "answer",
-        help="answer a question about a document with a trained coordinator",
-        description=(
-            "Answer QUESTION about the text in FILE with a policy (export, checkpoint, model folder or hub id) and "
-            "its readers. Prints the answer (exit 0) or '(no answer)' (exit 1); --json prints answer, trace, evidence and info."
-        ),
-    )
-    p.add_argument("--policy", required=True, help="export or checkpoint folder, model folder, hub id, or 'scripted'")
-    p.add_argument("--document", required=True, help="a UTF-8 text file ('-': standard input)")
-    p.add_argument("--question", required=True)
-    p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds (default 12)")
-    p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
-    p.add_argument(
-        "--max-document-tokens",
-        type=_positive,
-        default=DEFAULT_MAX_DOCUMENT_TOKENS,
-        help="longest document accepted (default 1000000)",
-    )
-    p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
-    add_chunk_overlap_flag(p)
-    add_reader_flags(p)
-    add_policy_flags(p)
-    p.set_defaults(func=_cmd_answer)
-    return p

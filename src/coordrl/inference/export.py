@@ -20,7 +20,6 @@ a hub id) into a `PolicySource`: what ``coordrl eval`` and `Coordinator` load.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -40,7 +39,6 @@ __all__ = [
     "VLLM_TOOL_FLAGS",
     "PolicyError",
     "PolicySource",
-    "add_export_parser",
     "check_checkpoint",
     "export_policy",
     "model_weights",
@@ -643,37 +641,3 @@ def render_model_card(out: Path, meta: dict[str, Any], model_type: str, results_
 # ---------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    out = export_policy(args.checkpoint, args.out, eval_dir=args.eval, overwrite=args.overwrite)
-    print(f"exported {args.checkpoint} -> {out}")
-    print(f"serve it: vllm serve {out} {' '.join(VLLM_TOOL_FLAGS)}")
-    return 0
-
-
-def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``coordrl export``."""
-    p = sub.add_parser(
-        "export",
-        help="export a checkpoint as a servable Hugging Face folder (safetensors, chat template, coordrl_policy.json, model card)",
-        description=(
-            "Export a complete training checkpoint: safetensors weights (a LoRA adapter is merged with peft), the "
-            "tokenizer with the chat template TRL trained with, coordrl_policy.json and a model card. "
-            f"Serve the result with: vllm serve OUT {' '.join(VLLM_TOOL_FLAGS)}"
-        ),
-    )
-    p.add_argument(
-        "--checkpoint", type=Path, required=True, help="a checkpoint-<step> or final folder written by coordrl train"
-    )
-    p.add_argument("--out", type=Path, required=True, help="export folder (written atomically)")
-    p.add_argument(
-        "--eval",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="a coordrl eval --out folder whose results.md goes into the model card",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.set_defaults(func=_cmd_export)
-    return p

@@ -24,17 +24,15 @@ exactly the deep multi-round search PARSER trains for, so it must be a choice: s
 
 Units: "GB" in this module is GiB (2**30 bytes), the unit ``nvidia-smi`` and PyTorch report.
 
-Also a command: ``python -m coordrl.train.plan CONFIG [--gpus-per-node 8] [--num-nodes 1]
+The command is ``python -m coordrl.cli.plan CONFIG [--gpus-per-node 8] [--num-nodes 1]
 [--gpu-memory-gb 80] [--num-processes N] [--field VALUE ...]`` prints the plan; exit status 2 when the
 plan cannot work (the reason on stderr, the plan on stdout).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -937,32 +935,3 @@ def format_plan(plan: Plan) -> str:
         status = "yes" if plan.fits else "NO"
         out.append(f"fits: {status} ({mem.total_gb:.1f} GB of {mem.gpu_memory / GIB:g} GB per training GPU)")
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m coordrl.train.plan CONFIG [plan flags] [--field VALUE ...]``; exit 2 when it cannot work."""
-    from coordrl.train.config import ConfigError, load_config, parse_overrides
-
-    parser = argparse.ArgumentParser(prog="python -m coordrl.train.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--num-nodes", type=int, default=1)
-    parser.add_argument("--gpu-memory-gb", type=float, default=80.0)
-    parser.add_argument("--num-processes", type=int, default=None)
-    args, rest = parser.parse_known_args(argv)
-    try:
-        cfg = load_config(args.config, parse_overrides(rest))
-        plan = make_plan(cfg, num_processes=args.num_processes, gpus_per_node=args.gpus_per_node,
-                         num_nodes=args.num_nodes, gpu_memory_gb=args.gpu_memory_gb, check=False)  # fmt: skip
-    except (ConfigError, PlanError) as e:
-        print(f"plan: error: {e}", file=sys.stderr)
-        return 2
-    print(format_plan(plan))
-    if plan.errors:
-        print("plan: error: " + "; ".join(plan.errors), file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

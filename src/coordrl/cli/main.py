@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.argtypes import UsageError, add_chunk_overlap_flag, add_reader_flags, reader_limits
-from coordrl.argtypes import positive_int as _positive
+from coordrl.cli.args import UsageError, add_chunk_overlap_flag, add_reader_flags, reader_limits
+from coordrl.cli.args import positive_int as _positive
 from coordrl.data.errors import DataError
 
 
@@ -322,17 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
-    from coordrl.readers.serve import add_serve_readers_parser
+    from coordrl.cli.serve import add_serve_readers_parser
 
     add_serve_readers_parser(sub)
-    from coordrl.eval.evaluate import add_eval_parser
-    from coordrl.inference.coordinator import add_answer_parser
-    from coordrl.inference.export import add_export_parser
+    from coordrl.cli.answer import add_answer_parser
+    from coordrl.cli.eval import add_eval_parser
+    from coordrl.cli.export import add_export_parser
 
     add_eval_parser(sub)
     add_export_parser(sub)
     add_answer_parser(sub)
-    from coordrl.envs.hmars_index import add_index_parser
+    from coordrl.cli.index import add_index_parser
 
     add_index_parser(sub)
 

@@ -1,8 +1,9 @@
-"""argparse value types and flags shared by `coordrl` subcommands."""
+"""argparse value types, flags and setting parsers shared by `coordrl` subcommands (each flag declared once)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -84,3 +85,22 @@ def reader_limits(args: Any) -> dict[str, float | int]:
 
 class UsageError(ValueError):
     """A flag combination that cannot work; reported like a data error."""
+
+
+def parse_settings(items: Sequence[str] | None) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs (``--hmars``) as a dict; values are read as YAML scalars (``4096`` -> int,
+    ``true`` -> bool, ``http://...`` -> str). None when there are none."""
+    import yaml
+
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--hmars {item!r}: expected KEY=VALUE, e.g. c_sub=4096 or selector=http://host:8001/v1")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from coordrl.cli.main import main
+
+sys.exit(main())
