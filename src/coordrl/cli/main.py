@@ -97,26 +97,26 @@ def _print_unanswerable(manifest: Path) -> None:
         print(f"skipped {n} unanswerable record(s) (answerable: false)")
 
 
+def _source_fields(args: argparse.Namespace) -> dict:
+    """`coordrl.data.build.SourceConfig`'s fields from the flags build and sweep share."""
+    source, dataset = _source(args)
+    return {
+        "source": source, "dataset": dataset, "pool": args.pool, "tokenizer": args.tokenizer, "seed": args.seed,
+        "on_bad_record": args.on_bad_record, "jsonl": args.jsonl, "workers": args.workers, "overwrite": args.overwrite,
+    }  # fmt: skip
+
+
 def _cmd_data_build(args: argparse.Namespace) -> int:
     from coordrl.data.build import BuildConfig, build_dataset
 
-    source, dataset = _source(args)
     if args.max_tokens is not None and args.num_paragraphs is not None:
         raise UsageError("give --num-paragraphs or --max-tokens, not both")
     cfg = BuildConfig(
-        source=source,
-        dataset=dataset,
-        pool=args.pool,
+        **_source_fields(args),
         num_paragraphs=None if args.max_tokens else (args.num_paragraphs or 200),
         max_tokens=args.max_tokens,
-        tokenizer=args.tokenizer,
-        seed=args.seed,
         num_samples=args.num_samples,
         shuffle=args.shuffle,
-        on_bad_record=args.on_bad_record,
-        jsonl=args.jsonl,
-        workers=args.workers,
-        overwrite=args.overwrite,
     )
     t0 = time.perf_counter()
     stats = build_dataset(cfg, args.out)
@@ -128,21 +128,12 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
 def _cmd_data_sweep(args: argparse.Namespace) -> int:
     from coordrl.data.build import SweepConfig, build_sweep
 
-    source, dataset = _source(args)
     cfg = SweepConfig(
-        source=source,
-        dataset=dataset,
-        pool=args.pool,
+        **_source_fields(args),
         questions=args.questions,
         lengths=args.lengths,
         controls=args.controls,
         control_length=args.control_length,
-        tokenizer=args.tokenizer,
-        seed=args.seed,
-        on_bad_record=args.on_bad_record,
-        jsonl=args.jsonl,
-        workers=args.workers,
-        overwrite=args.overwrite,
     )
     t0 = time.perf_counter()
     manifest = build_sweep(cfg, args.out)

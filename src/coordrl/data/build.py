@@ -37,18 +37,15 @@ _WINDOW_PER_WORKER = 32
 
 
 @dataclass
-class BuildConfig:
-    """Inputs of `coordrl data build` (field names match the CLI flags)."""
+class SourceConfig:
+    """What `coordrl data build` and `coordrl data sweep` share: where questions and distractors come
+    from, how records are read, and how the output is written (field names match the CLI flags)."""
 
     source: str = "sample"
     dataset: str = "hotpotqa"
     pool: str = "sample"
-    num_paragraphs: int | None = 200
-    max_tokens: int | None = None
     tokenizer: str | None = None
     seed: int = 0
-    num_samples: int | None = None  # default: one sample per question; more reuses questions
-    shuffle: str = "uniform"
     on_bad_record: str = "error"
     jsonl: bool = False
     workers: int = 1
@@ -56,22 +53,23 @@ class BuildConfig:
 
 
 @dataclass
-class SweepConfig:
+class BuildConfig(SourceConfig):
+    """Inputs of `coordrl data build`."""
+
+    num_paragraphs: int | None = 200
+    max_tokens: int | None = None
+    num_samples: int | None = None  # default: one sample per question; more reuses questions
+    shuffle: str = "uniform"
+
+
+@dataclass
+class SweepConfig(SourceConfig):
     """Inputs of `coordrl data sweep`."""
 
-    source: str = "sample"
-    dataset: str = "hotpotqa"
-    pool: str = "sample"
     questions: int = 128
     lengths: Sequence[int] = DEFAULT_LENGTHS
     controls: Sequence[str] = ()
     control_length: int = DEFAULT_CONTROL_LENGTH
-    tokenizer: str | None = None
-    seed: int = 0
-    on_bad_record: str = "error"
-    jsonl: bool = False
-    workers: int = 1
-    overwrite: bool = False
 
 
 @dataclass
@@ -158,7 +156,12 @@ def _write_subset(subset: Subset, workers: int, jsonl: bool, fingerprint: str) -
     return subset.stats.summary()
 
 
-def _prepare_out(out: Path, overwrite: bool) -> Path:
+def fresh_partial(out: Path, overwrite: bool) -> Path:
+    """An empty ``<out>.partial`` folder to write into and rename to ``out`` when complete.
+
+    Refuses a non-empty ``out`` unless ``overwrite``; a folder that cannot be created is one line
+    naming it (read-only filesystem, no permission, a file in the way), never a traceback.
+    """
     occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
     if occupied and not overwrite:
         raise DataError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
@@ -166,7 +169,7 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     try:
         partial.mkdir(parents=True)
-    except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
+    except OSError as e:
         raise DataError(
             f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder"
         ) from None
@@ -271,7 +274,7 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
         rep = i // len(usable)
         rid = inputs.records[rec_idx].id
         items.append((rec_idx, rid if rep == 0 else f"{rid}#{rep}"))
-    partial = _prepare_out(out, cfg.overwrite)
+    partial = fresh_partial(out, cfg.overwrite)
     subset = Subset("train", partial, spec, "build", items)
     recipe = {
         "coordrl": __version__,
@@ -347,7 +350,7 @@ def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
     items = [(i, inputs.records[i].id) for i in chosen]
     variants = [(f"length={n}", PackSpec(num_paragraphs=n)) for n in lengths]
     variants += [(p.name, PackSpec(num_paragraphs=cfg.control_length, placement=p)) for p in placements]
-    partial = _prepare_out(out, cfg.overwrite)
+    partial = fresh_partial(out, cfg.overwrite)
     recipe = {
         "coordrl": __version__,
         "kind": "sweep",

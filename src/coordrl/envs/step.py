@@ -80,17 +80,8 @@ class StepEnv:
         self.prompt_fn = prompt_fn
         self.tools = env_tools(env)
         self._tool_by_name = {t.__name__: t for t in self.tools}
-        self.messages: list[dict[str, Any]] = []
-        self.completion: list[dict[str, Any]] = []
-        self.prompt_ids: list[int] = []
-        self.completion_ids: list[int] = []
-        self.tool_rounds = 0
-        self.tool_failures = 0
-        self.malformed_tool_calls = 0
-        self.invalid_text_turns = 0
-        self.lead_tokens = 0
-        self.done = True
-        self._row: dict[str, Any] = {}
+        self._start({}, [], [])
+        self.done = True  # until reset()
 
     # -- episode ------------------------------------------------------------------------------------
 
@@ -100,18 +91,22 @@ class StepEnv:
         prompt = self.prompt_fn(row)
         if isinstance(observation, str):
             prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
+        self._start(row, prompt, self.codec.prompt_ids(prompt, self.tools))
+        return list(self.messages)
+
+    def _start(self, row: dict[str, Any], prompt: list[dict[str, Any]], prompt_ids: list[int]) -> None:
+        """A fresh episode's state: the conversation so far and every per-episode counter at zero."""
         self._row = row
-        self.messages = list(prompt)
-        self.completion = []
-        self.prompt_ids = self.codec.prompt_ids(prompt, self.tools)
-        self.completion_ids = []
+        self.messages: list[dict[str, Any]] = list(prompt)
+        self.completion: list[dict[str, Any]] = []
+        self.prompt_ids: list[int] = prompt_ids
+        self.completion_ids: list[int] = []
         self.tool_rounds = 0
         self.tool_failures = 0
         self.malformed_tool_calls = 0
         self.invalid_text_turns = 0
         self.lead_tokens = 0
         self.done = False
-        return list(self.messages)
 
     @property
     def context_ids(self) -> list[int]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.data.build import fresh_partial
 from coordrl.data.errors import DataError
 from coordrl.envs.protocols import EVAL_CHUNK_TOKENS, EVAL_MAX_TURNS, PROTOCOLS, get_protocol
 
@@ -482,14 +483,10 @@ def export_policy(
     if out.resolve() == src.resolve():
         raise PolicyError("--out must differ from --checkpoint")
     results_md = _find_eval(src, eval_dir)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     try:
-        partial.mkdir(parents=True)
-    except OSError as e:  # read-only filesystem, no permission, a file in the way: one line, not a traceback
-        raise PolicyError(
-            f"--out {out} cannot be written: {e.strerror} ({e.filename}); choose a writable folder"
-        ) from None
+        partial = fresh_partial(out, overwrite=True)  # emptiness was checked above, with the export's own message
+    except DataError as e:
+        raise PolicyError(str(e)) from None
     try:
         kind, files = model_weights(src)
         if kind == "adapter":
