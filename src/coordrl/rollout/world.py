@@ -144,21 +144,25 @@ def evaluate_world(
     max_new_tokens: int = 48,
     max_completion_tokens: int | None = 1024,
     mapreduce: bool = False,
+    env_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Exact match per question type of ``model`` on ``rows``, episodes run in batches through `StepEnv`
     (the same parsing, tools, suffixes and caps as TRL's loop). ``sample``: temperature 1, else greedy.
     ``mapreduce``: the one-round baseline: a scripted first turn broadcasts the question itself, then
-    the model has one turn to answer from those findings."""
+    the model has one turn to answer from those findings. ``env_overrides``: environment settings
+    replacing the world's (e.g. ``activation="routed"``), so a policy is evaluated in the
+    environment it was trained in. Besides exact match, ``<type>_reader_calls`` is the mean number
+    of reader calls per episode."""
     import torch
 
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.step import StepEnv, play
 
     codec = ChatCodec(tokenizer)
-    factory = make_env_factory(tokenizer)
+    factory = make_env_factory(tokenizer, **(env_overrides or {}))
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     torch.manual_seed(seed)
-    results: list[tuple[str, float, int]] = []
+    results: list[tuple[str, float, int, int]] = []
     model.eval()
     gen_kwargs = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
 
@@ -204,11 +208,12 @@ def evaluate_world(
         # An episode the policy left (no tokens, or turns ran out) scores 0 here, whatever truncate() computed.
         rewards = [o.step.reward if o.ended_by_env else 0.0 for o in outcomes]
         for env, row, r in zip(envs, batch, rewards, strict=True):
-            results.append((row["type"], r, env.tool_rounds))
+            results.append((row["type"], r, env.tool_rounds, int(env.info.get("reader_calls", 0))))
     out: dict[str, Any] = {}
     for qtype in QUESTION_TYPES + ("all",):
         sel = [r for r in results if qtype == "all" or r[0] == qtype]
         if sel:
             out[qtype] = sum(r[1] for r in sel) / len(sel)
             out[f"{qtype}_tool_rounds"] = sum(r[2] for r in sel) / len(sel)
+            out[f"{qtype}_reader_calls"] = sum(r[3] for r in sel) / len(sel)
     return out
