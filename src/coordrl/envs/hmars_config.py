@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from coordrl.data.errors import DataError
@@ -89,17 +89,9 @@ class HmarsEnvConfig:
             raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
 
     def index_settings(self) -> IndexSettings:
-        return IndexSettings(
-            c_sub=self.c_sub,
-            page_tokens=self.page_tokens,
-            group_size=self.group_size,
-            tokenizer=self.tokenizer,
-            writer=self.writer,
-            writer_model=self.writer_model,
-            writer_api_key_env=self.writer_api_key_env,
-            writer_max_tokens=self.writer_max_tokens,
-            writer_input_chars=self.writer_input_chars,
-        )
+        """The index part of these settings: every `IndexSettings` field this config also has (the
+        rest, e.g. lexical card sizes, keep their defaults)."""
+        return IndexSettings(**{f.name: getattr(self, f.name) for f in fields(IndexSettings) if hasattr(self, f.name)})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
