@@ -102,7 +102,13 @@ def grpo(
 
 
 def run_ablations(
-    a: argparse.Namespace, out: Path, warm: Path, rows: list[dict], overrides: dict[str, str], steps: int
+    a: argparse.Namespace,
+    out: Path,
+    warm: Path,
+    rows: list[dict],
+    overrides: dict[str, str],
+    steps: int,
+    env: dict | None = None,
 ) -> dict:
     """Each ablation runs exactly ``steps`` GRPO steps (what the first seed did in its time budget),
     so the comparison holds even when the ablations share the machine with other work."""
@@ -117,7 +123,7 @@ def run_ablations(
     }
     found = {}
     for name, (start, extra) in runs.items():
-        before = evaluate(start, rows, seed, env_overrides(overrides))
+        before = evaluate(start, rows, seed, env)
         final, hist, train_s, n_steps = grpo(
             seed,
             a.minutes,
@@ -126,7 +132,7 @@ def run_ablations(
             {**overrides, **extra},
             steps=steps,
         )
-        after = evaluate(final, rows, seed, env_overrides(overrides))
+        after = evaluate(final, rows, seed, env)
         found[name] = {
             "before": before,
             "after": after,
@@ -287,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = a.ablation_steps or (results["seeds"][a.seeds[0]]["steps"] if results["seeds"] else None)
         if not steps:
             p.error("--ablations-only needs --ablation-steps")
-        results["ablations"] = run_ablations(a, out, warm, rows, overrides, steps)
+        results["ablations"] = run_ablations(a, out, warm, rows, overrides, steps, env)
     walls["total_s"] = time.time() - t0
     results["wall"] = walls
     if gains:

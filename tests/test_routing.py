@@ -317,3 +317,49 @@ def test_a_dead_embeddings_server_is_counted_and_never_hides_the_document(sample
     bm25 = ChunkRouter([c.text for c in env.chunks], RouterSettings(bm25_top_k=3, summary_top_k=0))
     assert reader.asked == [(q, env.chunks[i].text) for q in QUERIES for i in bm25.route(q).chunks]
     assert env.info["router_errors"] == 2
+
+
+def test_dense_pathway_sends_chunks_then_the_query_over_one_connection():
+    """What the embeddings server receives: every chunk text once (the index), then each query alone,
+    all on one keep-alive connection shared by every document's router in the cache."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies: list[dict] = []
+    peers: set[tuple] = set()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append({"path": self.path, **body})
+            peers.add(self.client_address)
+            # One-hot vectors keyed by a word, so the query about "alpha" is nearest the alpha chunk.
+            vecs = [[float("alpha" in t), float("beta" in t), 1e-3] for t in body["input"]]
+            payload = json.dumps({"data": [{"index": i, "embedding": v} for i, v in enumerate(vecs)]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        settings = RouterSettings(bm25_top_k=0, summary_top_k=0, dense_top_k=1, dense_url=url, dense_model="emb")
+        cache = RouterCache()
+        texts = ["Document 1:\nalpha facts", "Document 2:\nbeta facts"]
+        router = cache.get("doc-a", texts, settings)
+        assert router.route("who is alpha").chunks == (0,)
+        cache.get("doc-b", ["beta only", "alpha only"], settings).route("beta?")
+        cache.close()
+    finally:
+        server.shutdown()
+    assert [b["input"] for b in bodies] == [texts, ["who is alpha"], ["beta only", "alpha only"], ["beta?"]]
+    assert all(b["path"] == "/v1/embeddings" and b["model"] == "emb" for b in bodies)
+    assert len(peers) == 1  # one connection for both documents' indexes and queries

@@ -1,6 +1,8 @@
 """The `coordrl` command.
 
-Subcommands: ``data build``, ``data sweep``, ``data show``, and ``demo`` (the README's main job).
+Subcommands defined here: ``demo`` (the README's main job), ``train``, ``rollout`` and ``data
+build / sweep / show``; ``eval``, ``export``, ``answer``, ``index`` and ``serve-readers`` come from
+their modules in this package.
 Errors a user can fix (bad flags, bad records, missing files) print one line naming the problem and
 exit with status 2; they never dump a traceback.
 """
@@ -182,7 +184,6 @@ def _format(episode):
 
 
 def _rollout_episode(args: argparse.Namespace):
-
     from coordrl.data.show import load_built
     from coordrl.envs.chat import ChatCodec
     from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory

@@ -519,5 +519,6 @@ class ParserEnvFactory:
         return ParserLeadEnv(self.config, self.fleet, self.tokenizer, self.chunk_cache, self.router_cache)
 
     def close(self) -> None:
+        self.router_cache.close()
         if self._fleet is not None:
             shared_loop().run(self._fleet.aclose())

@@ -291,7 +291,8 @@ class EmbeddingClient:
     Each request asks for vLLM's ``truncate_prompt_tokens: -1``: a 4,096-token chunk is longer than
     many embedding models' context, and the server then embeds its first max-model-len tokens
     instead of refusing it. Calls are synchronous: the index is built once per document, and a query
-    is one small request.
+    is one small request. One keep-alive connection serves every call until `close`, so a routed
+    query does not pay a new TCP connection.
     """
 
     def __init__(self, url: str, model: str, timeout_s: float = 60.0, batch: int = 64) -> None:
@@ -299,11 +300,21 @@ class EmbeddingClient:
         self.model = model
         self.timeout_s = timeout_s
         self.batch = batch
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()  # httpx.Client is not shared across threads mid-request
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of ``texts`` (one row each). RuntimeError naming the server when it fails."""
         rows: list[list[float]] = []
-        with httpx.Client(timeout=self.timeout_s) as client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.timeout_s)
+            client = self._client
             for i in range(0, len(texts), self.batch):
                 part = list(texts[i : i + self.batch])
                 try:
@@ -423,6 +434,8 @@ class RouterCache:
     def __init__(self, max_entries: int = 64) -> None:
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple, ChunkRouter] = OrderedDict()
+        # One embeddings client per (url, model, timeout): every document's router shares its connection.
+        self._embedders: dict[tuple, EmbeddingClient] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.builds = 0
@@ -435,10 +448,24 @@ class RouterCache:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return found
-            router = ChunkRouter(texts, settings)
+            embedder = None
+            if settings.dense_top_k:
+                ekey = (settings.dense_url, settings.dense_model, settings.dense_timeout_s)
+                if ekey not in self._embedders:
+                    self._embedders[ekey] = EmbeddingClient(
+                        settings.dense_url or "", settings.dense_model or "", settings.dense_timeout_s
+                    )
+                embedder = self._embedders[ekey]
+            router = ChunkRouter(texts, settings, embedder)
             self.builds += 1
             if self.max_entries > 0:
                 self._entries[key] = router
                 if len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
             return router
+
+    def close(self) -> None:
+        """Close the embeddings connections (the indexes need no closing)."""
+        with self._lock:
+            for embedder in self._embedders.values():
+                embedder.close()
