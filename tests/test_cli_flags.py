@@ -36,3 +36,14 @@ def test_rollout_offers_only_what_it_runs(capsys):
     with pytest.raises(SystemExit) as e:
         main(["rollout", "--data", "x", "--protocol", "hmars"])
     assert e.value.code == 2 and "--protocol" in capsys.readouterr().err
+
+
+def test_activation_is_offered_by_eval_and_answer(capsys):
+    _same("--activation", ("eval", "answer"))
+    for command in ("eval", "answer"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--activation {all,routed}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["answer", "--policy", "scripted", "--document", "-", "--question", "q", "--activation", "sometimes"])
+    assert e.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err

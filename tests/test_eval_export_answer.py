@@ -318,6 +318,35 @@ def test_model_card_front_matter_names_a_hub_base_model_only(tmp_path):
         assert "# out: HMARS mid-agent coordinator" in card.text and "No evaluation attached" in card.text
 
 
+def test_model_card_reports_chunk_overlap_and_reader_activation(tmp_path):
+    from coordrl.envs.parser import ParserEnvConfig
+    from coordrl.inference.export import render_model_card
+
+    meta = {
+        "protocol": "parser",
+        "base_model": "Qwen/Qwen3-4B",
+        "turn_caps": {"train_max_turns": 9, "eval_max_turns": 12},
+        "chunk_tokens": {"train": 512, "eval": 4096},
+        "max_queries": 8,
+        "observation_max_tokens": 1024,
+    }
+    cards = {
+        name: render_model_card(tmp_path / "out", {**meta, "env": ParserEnvConfig(**env).to_dict()}, "qwen3", None)
+        for name, env in (
+            ("default", {}),
+            ("routed", {"chunk_overlap_tokens": 48, "activation": "routed", "route_summary_top_k": 4}),
+        )
+    }
+    protocol = {name: card.split("## Protocol", 1)[1].split("Tool schema", 1)[0] for name, card in cards.items()}
+    assert "- chunk overlap: `chunk_overlap_tokens: 0`; chunks tile the document" in protocol["default"]
+    assert "- reader activation: `activation: all`; every query to every reader" in protocol["default"]
+    assert "- chunk overlap: `chunk_overlap_tokens: 48`; consecutive chunks share 48 tokens" in protocol["routed"]
+    assert (
+        "- reader activation: `activation: routed`; routed activation (bm25 top-8, summary top-4)" in protocol["routed"]
+    )
+    assert all("`--chunk-overlap-tokens` / `--activation`" in text for text in protocol.values())
+
+
 def _checkpoint_copy(final: Path, dest: Path) -> Path:
     shutil.copytree(final, dest)
     return dest

@@ -16,8 +16,8 @@ from coordrl.data import BuildConfig, build_dataset
 from coordrl.data.errors import ConfigError
 from coordrl.data.show import load_built
 from coordrl.data.tokens import load_tokenizer
-from coordrl.envs.chat import ChatCodec
-from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+from coordrl.envs.chat import ChatCodec, env_tools
+from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory, ParserLeadEnv, RoutedParserLeadEnv
 from coordrl.envs.step import StepEnv
 from coordrl.readers.base import ReaderRequest, ReaderResult
 from coordrl.readers.lexical import LexicalReader
@@ -40,10 +40,15 @@ class RecordingReader(LexicalReader):
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory):
+def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("routing") / "ds"
     build_dataset(BuildConfig(seed=0, num_samples=4, num_paragraphs=200), out)
-    return load_built(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def samples(built):
+    return load_built(built)
 
 
 @pytest.fixture(scope="module")
@@ -363,3 +368,112 @@ def test_dense_pathway_sends_chunks_then_the_query_over_one_connection():
     assert [b["input"] for b in bodies] == [texts, ["who is alpha"], ["beta only", "alpha only"], ["beta?"]]
     assert all(b["path"] == "/v1/embeddings" and b["model"] == "emb" for b in bodies)
     assert len(peers) == 1  # one connection for both documents' indexes and queries
+
+
+# -- what the policy is told, and switching activation at evaluation and inference -------------------
+
+# The tool schema of `activation: all`, as the kept warm start and every broadcast policy were trained on it.
+BROADCAST_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "query_agents",
+        "description": "Send questions to every chunk reader of the document and collect what they find.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "queries": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "One or more focused, self-contained questions. Independent questions go in one call.",
+                }
+            },
+            "required": ["queries"],
+        },
+        "return": {
+            "type": "string",
+            "description": "The readers' findings, each tagged with its chunk; readers that found nothing are left out.",
+        },
+    },
+}
+
+
+def _schemas(env) -> list[dict]:
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(tool) for tool in env_tools(env)]
+
+
+def test_default_tool_schema_is_the_one_broadcast_policies_were_trained_on(tok):
+    from coordrl.inference.export import tool_schemas
+
+    env = ParserEnvFactory(tokenizer=tok)()
+    assert type(env) is ParserLeadEnv
+    assert _schemas(env) == tool_schemas("parser") == tool_schemas("parser", ParserEnvConfig().to_dict())
+    # Byte for byte, as the chat template renders it.
+    assert json.dumps(_schemas(env)) == json.dumps([BROADCAST_SCHEMA])
+
+
+def test_routed_tool_description_says_only_matching_chunks_are_read(samples, tok):
+    from coordrl.inference.export import tool_schemas
+
+    factory, reader = make(tok, **ROUTED)
+    env = factory()
+    assert isinstance(env, RoutedParserLeadEnv)
+    (schema,) = _schemas(env)
+    description = schema["function"]["description"]
+    assert (
+        "every chunk reader" not in description and "only to the readers of the chunks that best match" in description
+    )
+    assert "decide which chunks are read" in schema["function"]["parameters"]["properties"]["queries"]["description"]
+    # Same name, arguments and result as broadcast: only the words differ.
+    assert schema["function"]["name"] == "query_agents"
+    assert schema["function"]["parameters"]["required"] == ["queries"] and "return" in schema["function"]
+    # What evaluation and inference render (StepEnv) and what an export records are the routed description too.
+    assert StepEnv(env, ChatCodec(tok), max_turns=2).tools[0].__doc__ == RoutedParserLeadEnv.query_agents.__doc__
+    assert tool_schemas("parser", ParserEnvConfig(**ROUTED).to_dict()) == [schema]
+    # The routed tool runs the same episode code.
+    env.reset(**samples[0])
+    ask(env, QUERIES)
+    assert 0 < len(reader.asked) < 2 * len(env.chunks)
+
+
+def test_export_records_the_tool_schema_of_the_trained_activation(tmp_path):
+    from coordrl.inference.export import _policy_meta
+
+    for env, described in (
+        (ParserEnvConfig().to_dict(), "every chunk reader"),
+        (ParserEnvConfig(**ROUTED).to_dict(), "best match"),
+    ):
+        meta = _policy_meta(tmp_path, {"protocol": "parser", "env": env}, "model")
+        assert described in meta["tools"][0]["function"]["description"]
+
+
+def test_eval_and_answer_switch_a_policy_to_routed_activation(built, samples, tmp_path, capsys):
+    from coordrl.cli import main
+    from coordrl.envs.protocols import get_protocol
+
+    row = samples[0]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(row["context"], encoding="utf-8")
+    infos = {}
+    for activation in (None, "routed"):
+        flags = ["--activation", activation] if activation else []
+        args = ["answer", "--policy", "scripted", "--document", str(doc), "--question", row["question"]]
+        assert main([*args, "--chunk-tokens", "512", "--json", *flags]) in (0, 1)
+        infos[activation] = json.loads(capsys.readouterr().out)["info"]
+    chunks = infos[None]["chunks"]
+    assert chunks > 16 and infos[None]["activated_chunks_per_query"] == chunks  # the recorded default: broadcast
+    assert 0 < infos["routed"]["activated_chunks_per_query"] <= 16  # bm25 top-8 + summary top-8
+
+    out = tmp_path / "eval"
+    flags = ["--limit", "1", "--chunk-tokens", "512", "--no-progress", "--activation", "routed"]
+    assert main(["eval", "--policy", "scripted", "--data", str(built), "--out", str(out), *flags]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["env"]["activation"] == "routed" and results["settings"]["activation"] == "routed"
+    assert results["overall"]["activated_chunks_per_query"] <= 16
+    assert "routed activation (bm25 top-8, summary top-8)" in (out / "results.md").read_text()
+    # A rerun into the same folder with another activation is refused instead of mixing the two.
+    assert main(["eval", "--policy", "scripted", "--data", str(built), "--out", str(out), *flags[:-1], "all"]) == 2
+    assert "activation" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="activation"):
+        get_protocol("hmars").eval_settings(None, None, None, None, None, "routed")

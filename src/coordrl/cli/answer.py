@@ -8,7 +8,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from coordrl.cli.args import add_chunk_overlap_flag, add_policy_flags, add_reader_flags, parse_settings
+from coordrl.cli.args import (
+    add_activation_flag,
+    add_chunk_overlap_flag,
+    add_policy_flags,
+    add_reader_flags,
+    parse_settings,
+)
 from coordrl.cli.args import positive_int as _positive
 from coordrl.envs.protocols import get_protocol
 from coordrl.inference.coordinator import DEFAULT_MAX_DOCUMENT_TOKENS, Coordinator, InputError
@@ -29,6 +35,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         device=args.device, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens, served_model=args.served_model,
         max_new_tokens=args.max_new_tokens, max_document_tokens=args.max_document_tokens, hmars=parse_settings(args.hmars),
         reader_timeout_s=args.reader_timeout, reader_retries=args.reader_retries, chunk_overlap_tokens=args.chunk_overlap_tokens,
+        activation=args.activation,
     )  # fmt: skip
     try:
         result = coord.answer(raw, args.question)
@@ -66,6 +73,7 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
     add_chunk_overlap_flag(p)
+    add_activation_flag(p)
     add_reader_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_answer)

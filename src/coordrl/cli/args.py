@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from coordrl.readers.routing import ACTIVATIONS
+
 
 def _checked(text: str, cast: type, ok, kind: str, want: str):
     """``cast(text)`` when ``ok`` holds for it; else an argparse error naming the bad value."""
@@ -55,6 +57,15 @@ def add_chunk_overlap_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-overlap-tokens", type=non_negative_int, default=None, metavar="N",
                    help="tokens each reader chunk shares with the next, below --chunk-tokens "
                    "(default: the policy's recorded setting, else 0: chunks tile the document)")  # fmt: skip
+
+
+def add_activation_flag(p: argparse.ArgumentParser) -> None:
+    """``--activation`` of ``eval`` and ``answer``: which PARSER chunk readers a query wakes, so a policy
+    trained with one activation can be evaluated or run with the other."""
+    p.add_argument("--activation", choices=ACTIVATIONS, default=None,
+                   help="PARSER readers a query wakes: 'all' (every chunk reader) or 'routed' (the chunks the routing "
+                   "pathways propose, with the policy's recorded route_* settings, else BM25 and summary top-8) "
+                   "(default: the policy's recorded setting, else all)")  # fmt: skip
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:

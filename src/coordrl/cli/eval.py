@@ -7,6 +7,7 @@ from pathlib import Path
 
 from coordrl.cli.args import (
     UsageError,
+    add_activation_flag,
     add_chunk_overlap_flag,
     add_policy_flags,
     add_reader_flags,
@@ -36,7 +37,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         policy=args.policy, data=str(args.data), out=str(args.out), readers=args.readers, reader_model=args.reader_model,
         policy_url=args.policy_url, served_model=args.served_model, max_turns=args.max_turns, chunk_tokens=args.chunk_tokens,
-        chunk_overlap_tokens=args.chunk_overlap_tokens,
+        chunk_overlap_tokens=args.chunk_overlap_tokens, activation=args.activation,
         limit=args.limit, concurrency=args.concurrency, baseline=args.baseline, drop_failed=args.drop_failed, seed=args.seed,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_completion_tokens=args.max_completion_tokens,
         context_window=args.context_window, device=args.device, label=args.label, overwrite=args.overwrite, progress=not args.no_progress,
@@ -117,6 +118,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
     add_chunk_overlap_flag(p)
+    add_activation_flag(p)
     add_reader_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_eval)

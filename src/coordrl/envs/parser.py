@@ -436,6 +436,28 @@ class ParserLeadEnv:
         return observation
 
 
+class RoutedParserLeadEnv(ParserLeadEnv):
+    """`ParserLeadEnv` under ``activation: routed``. TRL and `env_tools` read the tool's description
+    from the method's docstring, so routing gets its own method saying what the tool then does;
+    the default environment's description stays the one broadcast policies were trained on."""
+
+    async def query_agents(self, queries: list[str]) -> str:
+        """Send each question only to the readers of the chunks that best match it and collect what they find.
+
+        Args:
+            queries: One or more focused, self-contained questions. Independent questions go in one call. Name the people, places or terms you ask about: they decide which chunks are read.
+
+        Returns:
+            The readers' findings, each tagged with its chunk; readers that found nothing are left out.
+        """
+        return await super().query_agents(queries)
+
+
+def lead_env_class(config: ParserEnvConfig) -> type[ParserLeadEnv]:
+    """The environment class of ``config``'s activation (the classes differ only in the tool's description)."""
+    return RoutedParserLeadEnv if config.activation == "routed" else ParserLeadEnv
+
+
 def _ranges(indices: list[int]) -> str:
     """``[1, 2, 3, 7]`` -> ``"1-3, 7"``: a short list of chunk numbers."""
     out: list[str] = []
@@ -516,7 +538,8 @@ class ParserEnvFactory:
         return self._tokenizer
 
     def __call__(self) -> ParserLeadEnv:
-        return ParserLeadEnv(self.config, self.fleet, self.tokenizer, self.chunk_cache, self.router_cache)
+        env_cls = lead_env_class(self.config)
+        return env_cls(self.config, self.fleet, self.tokenizer, self.chunk_cache, self.router_cache)
 
     def close(self) -> None:
         self.router_cache.close()

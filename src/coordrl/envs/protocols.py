@@ -17,7 +17,7 @@ from typing import Any
 
 from coordrl.envs.hmars import ROLE_ERROR_KEYS, HmarsEnvConfig, HmarsEnvFactory, MidAgentEnv
 from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT, hmars_prompt
-from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory, ParserLeadEnv
+from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory, lead_env_class
 from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT, lead_prompt
 
 __all__ = ["EVAL_CHUNK_TOKENS", "EVAL_MAX_TURNS", "PROTOCOLS", "Protocol", "get_protocol", "register_protocol"]
@@ -59,9 +59,9 @@ class Protocol:
         probe_arguments: tool arguments of the probe conversation export renders.
         probe_result: tool result of that probe conversation.
         answer_summary: the one-line ``coordrl answer`` summary; formatted with the answer's info.
-        make_probe_env: ``() -> unbound environment`` (see `probe_env`).
-        eval_settings: ``(readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens) -> config
-            overrides`` for evaluation and inference; ValueError when one of them does not apply to the protocol.
+        make_probe_env: ``config -> unbound environment`` (see `probe_env`).
+        eval_settings: ``(readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens, activation) ->
+            config overrides`` for evaluation and inference; ValueError when one of them does not apply to the protocol.
         answer_kwargs: extra ``Coordinator.from_pretrained`` arguments the model card's example needs.
         card_section: ``(policy meta, policy file name) -> lines`` of the model card's protocol section.
         policy_extras: ``env -> entries`` the exported policy file records beyond the common ones.
@@ -95,7 +95,7 @@ class Protocol:
     probe_arguments: Mapping[str, Any] = field(default_factory=dict)
     probe_result: str = ""
     answer_summary: str = ""
-    make_probe_env: Callable[[], Any] | None = None
+    make_probe_env: Callable[[Any], Any] | None = None
     eval_settings: Callable[..., dict[str, Any]] | None = None
     settings_block: bool = False
     answer_kwargs: str = ""
@@ -129,10 +129,11 @@ class Protocol:
         """The environment factory TRL, evaluation and inference create episodes from."""
         return self.make_factory(config, tokenizer, fleet)
 
-    def probe_env(self) -> Any:
-        """An unbound environment: enough to read its tool's name, signature and docstring."""
+    def probe_env(self, config: Any = None) -> Any:
+        """An unbound environment of ``config`` (default: the default settings): enough to read its
+        tool's name, signature and docstring, which can depend on the settings (PARSER's activation)."""
         assert self.make_probe_env is not None
-        return self.make_probe_env()
+        return self.make_probe_env(config if config is not None else self.config())
 
     def eval_max_turns(self, requested: int | None, train_max_turns: int | None) -> int:
         """Tool rounds for evaluation and inference: ``requested`` when given, else the protocol's rule."""
@@ -149,12 +150,16 @@ def _parser_eval_settings(
     max_turns: int | None,
     chunk_tokens: int | None,
     chunk_overlap_tokens: int | None = None,
+    activation: str | None = None,
 ) -> dict[str, Any]:
     """PARSER evaluates with its own round cap and reader chunks (not training's); given readers
-    replace the training ones. Chunks overlap as in training unless ``chunk_overlap_tokens`` is given."""
+    replace the training ones. Chunks overlap, and queries wake readers, as in training unless
+    ``chunk_overlap_tokens`` / ``activation`` is given."""
     out: dict[str, Any] = {"max_turns": max_turns or EVAL_MAX_TURNS, "chunk_tokens": chunk_tokens or EVAL_CHUNK_TOKENS}
     if chunk_overlap_tokens is not None:
         out["chunk_overlap_tokens"] = chunk_overlap_tokens
+    if activation is not None:
+        out["activation"] = activation
     if readers is not None:
         out.update(readers=readers, reader_model=reader_model)
     elif reader_model is not None:
@@ -168,11 +173,13 @@ def _hmars_eval_settings(
     max_turns: int | None,
     chunk_tokens: int | None,
     chunk_overlap_tokens: int | None = None,
+    activation: str | None = None,
 ) -> dict[str, Any]:
     """HMARS keeps its recorded regions, pages and frozen roles; PARSER's reader arguments do not apply."""
-    if (readers not in (None, "lexical")) or reader_model or chunk_tokens or chunk_overlap_tokens is not None:
+    given = (chunk_overlap_tokens, activation)
+    if (readers not in (None, "lexical")) or reader_model or chunk_tokens or any(v is not None for v in given):
         raise ValueError(
-            "readers / reader_model / chunk_tokens / chunk_overlap_tokens are PARSER settings; set the frozen roles and regions "
+            "readers / reader_model / chunk_tokens / chunk_overlap_tokens / activation are PARSER settings; set the frozen roles and regions "
             "through the HMARS settings instead (e.g. selector=URL, c_sub=N)"
         )
     return {}
@@ -181,6 +188,7 @@ def _hmars_eval_settings(
 def _parser_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
     """The model card's protocol section of an exported PARSER policy (``meta``: its policy file)."""
     env = meta.get("env") or {}
+    overlap = env.get("chunk_overlap_tokens") or 0
     return [
         ("Without `policy_url` the model runs in-process with transformers. Readers: `lexical` (model-free) or "
         "comma-separated URLs of OpenAI-compatible reader servers (`coordrl serve-readers`) with `reader_model`."),
@@ -192,6 +200,11 @@ def _parser_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
         f"- user message: `{meta.get('user_message_format')}`; final answer: `{meta.get('answer_format')}`",
         f"- turn caps: {meta['turn_caps']['train_max_turns']} tool rounds in training, {meta['turn_caps']['eval_max_turns']} for evaluation",
         f"- reader chunks: {meta['chunk_tokens']['train']} tokens in training, {meta['chunk_tokens']['eval']} for evaluation",
+        f"- chunk overlap: `chunk_overlap_tokens: {overlap}`; "
+        + (f"consecutive chunks share {overlap} tokens" if overlap else "chunks tile the document"),
+        f"- reader activation: `activation: {env.get('activation') or 'all'}`; {_activation(env)}",
+        ("- `coordrl eval` and `coordrl answer` keep training's chunk overlap and activation unless "
+        "`--chunk-overlap-tokens` / `--activation` replace them"),
         f"- training readers: `{env.get('readers')}`" + (f" (`{env.get('reader_model')}`)" if env.get("reader_model") else ""),
     ]  # fmt: skip
 
@@ -227,16 +240,20 @@ def _sampling(s: Mapping[str, Any]) -> str:
     )
 
 
-def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
+def _activation(env: Mapping[str, Any]) -> str:
+    """Which readers a PARSER query wakes under the settings ``env``, in words."""
     if env.get("activation") == "routed":
         ks = [
             f"{p} top-{env.get(f'route_{p}_top_k')}"
             for p in ("bm25", "summary", "dense")
             if env.get(f"route_{p}_top_k")
         ]
-        activation = f"routed activation ({', '.join(ks)})"
-    else:
-        activation = "every query to every reader"
+        return f"routed activation ({', '.join(ks)})"
+    return "every query to every reader"
+
+
+def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
+    activation = _activation(env)
     overlap = env.get("chunk_overlap_tokens") or 0
     chunks = f"reader chunks {s['chunk_tokens']} tokens" + (f" overlapping by {overlap}" if overlap else "")
     setup = f"- max turns {s['max_turns']}, {chunks}, {activation}, {_sampling(s)}"
@@ -367,9 +384,9 @@ register_protocol(
         summary_key="readers",
         summary_fields=_PARSER_SUMMARY,
         card_about=(
-            "{trained}. It never reads the document: it calls the `query_agents` tool, which broadcasts its questions to "
-            "frozen reader models (one per document chunk), gathers their findings over several rounds, and answers in "
-            "`{answer_format}`."
+            "{trained}. It never reads the document: it calls the `query_agents` tool, which sends its questions to "
+            "frozen reader models (one per document chunk; the reader activation below says which of them a question "
+            "wakes), gathers their findings over several rounds, and answers in `{answer_format}`."
         ),
         card_settings="reader settings",
         answer_flags=" --readers lexical",
@@ -378,7 +395,7 @@ register_protocol(
         answer_summary=(
             "[{turns} round(s), {reader_calls} reader calls, {findings} finding(s), {chunks} chunks, {seconds:.1f} s]"
         ),
-        make_probe_env=lambda: ParserLeadEnv(ParserEnvConfig(), fleet=None, tokenizer=None),  # type: ignore[arg-type]
+        make_probe_env=lambda config: lead_env_class(config)(config, fleet=None, tokenizer=None),  # type: ignore[arg-type]
         eval_settings=_parser_eval_settings,
         answer_kwargs='readers="lexical", ',
         card_section=_parser_card_section,
@@ -421,7 +438,7 @@ register_protocol(
             "[{regions} region(s), {pages_selected} page(s) selected, {answer_prompt_tokens} answer-prompt tokens, "
             "{model_calls} model calls, {seconds:.1f} s]"
         ),
-        make_probe_env=lambda: MidAgentEnv(HmarsEnvConfig(), backends=None, tokenizer=None, index_cache=None),  # type: ignore[arg-type]
+        make_probe_env=lambda config: MidAgentEnv(config, backends=None, tokenizer=None, index_cache=None),  # type: ignore[arg-type]
         eval_settings=_hmars_eval_settings,
         card_section=_hmars_card_section,
         report_setup=_hmars_report_setup,

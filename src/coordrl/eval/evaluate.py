@@ -82,6 +82,7 @@ _FINGERPRINT_KEYS = (
     "max_turns",
     "chunk_tokens",
     "chunk_overlap_tokens",
+    "activation",
     "max_new_tokens",
     "temperature",
     "seed",
@@ -112,6 +113,8 @@ class EvalConfig:
         chunk_tokens: reader chunk size (default 4096; not used by ``hmars``).
         chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
             policy's recorded setting, else 0; not used by ``hmars``).
+        activation: which chunk readers a query wakes, ``all`` or ``routed`` (default None: the
+            policy's recorded setting, else ``all``; not used by ``hmars``).
         hmars: `HmarsEnvConfig` fields replacing an ``hmars`` policy's recorded ones (default None).
         limit: first N samples of each subset (default all).
         concurrency: episodes in flight (default 4).
@@ -143,6 +146,7 @@ class EvalConfig:
     max_turns: int | None = None
     chunk_tokens: int = 4096
     chunk_overlap_tokens: int | None = None
+    activation: str | None = None
     limit: int | None = None
     concurrency: int = 4
     baseline: str | None = None
@@ -587,6 +591,7 @@ def _episode_settings(cfg: EvalConfig, max_new_tokens: int, window: int | None) 
         "max_turns": cfg.max_turns,
         "chunk_tokens": cfg.chunk_tokens,
         "chunk_overlap_tokens": cfg.chunk_overlap_tokens,  # None: the policy's own (earlier runs still resume)
+        "activation": cfg.activation,  # None: the policy's own, as for the overlap
         "max_new_tokens": max_new_tokens,
         "temperature": cfg.temperature,
         "seed": cfg.seed,
@@ -687,6 +692,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
                 "max_turns": cfg.max_turns,
                 "chunk_tokens": cfg.chunk_tokens,
                 "chunk_overlap_tokens": cfg.chunk_overlap_tokens,
+                "activation": cfg.activation,
             }
             if protocol.uses_readers
             else {}

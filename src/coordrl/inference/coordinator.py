@@ -258,6 +258,7 @@ class Coordinator:
         reader_timeout_s: float | None = None,
         reader_retries: int | None = None,
         chunk_overlap_tokens: int | None = None,
+        activation: str | None = None,
     ) -> Coordinator:
         """Load a policy (export, checkpoint, model folder, hub id or ``scripted``) and its readers.
 
@@ -275,6 +276,8 @@ class Coordinator:
                 used by ``hmars``).
             chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
                 recorded training setting, else 0; not used by ``hmars``).
+            activation: which chunk readers a query wakes, ``all`` or ``routed`` (default None: the
+                recorded training setting, else ``all``; not used by ``hmars``).
             served_model: model name on ``policy_url`` (default: discovered from ``/v1/models``).
             max_new_tokens: tokens per policy turn (default: training's cap, else 512).
             temperature: 0 (default): greedy.
@@ -291,7 +294,7 @@ class Coordinator:
         try:
             env_config = source.env_config(
                 readers=readers, reader_model=reader_model, max_turns=max_turns, chunk_tokens=chunk_tokens, hmars=hmars,
-                chunk_overlap_tokens=chunk_overlap_tokens,
+                chunk_overlap_tokens=chunk_overlap_tokens, activation=activation,
             )  # fmt: skip
             spec = get_protocol(source.protocol)
             limits = {

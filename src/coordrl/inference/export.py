@@ -135,13 +135,15 @@ class PolicySource:
         chunk_tokens: int | None = None,
         hmars: dict[str, Any] | None = None,
         chunk_overlap_tokens: int | None = None,
+        activation: str | None = None,
     ):
         """The environment settings for evaluation or inference.
 
         ``parser``: a `ParserEnvConfig`. Reader, observation and query settings come from training;
         ``readers`` / ``reader_model`` replace the training readers when given; ``max_turns``
         (default 12) and ``chunk_tokens`` (default 4096) are the evaluation settings PARSER uses,
-        not the training ones; ``chunk_overlap_tokens`` replaces training's chunk overlap when given.
+        not the training ones; ``chunk_overlap_tokens`` replaces training's chunk overlap and
+        ``activation`` (``all`` / ``routed``) training's reader activation when given.
 
         ``hmars``: the `HmarsEnvConfig` recorded at training (regions, pages, frozen roles, mode),
         with ``hmars`` (field -> value, e.g. ``{"c_sub": 4096, "selector": "http://..."}``)
@@ -153,7 +155,9 @@ class PolicySource:
                 f"{self.spec} is a {self.protocol} policy; HMARS settings ({', '.join(hmars)}) do not apply"
             )
         try:
-            overrides = protocol.eval_settings(readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens)
+            overrides = protocol.eval_settings(
+                readers, reader_model, max_turns, chunk_tokens, chunk_overlap_tokens, activation
+            )
             # Chunks, regions, pages and budgets count the policy's own tokenizer's tokens.
             return protocol.config(self.env, **{**overrides, **(hmars or {}), "tokenizer": self.path})
         except ValueError as e:
@@ -343,14 +347,17 @@ def resolve_policy(spec: str | os.PathLike[str]) -> PolicySource:
     )
 
 
-def tool_schemas(protocol: str = "parser") -> list[dict[str, Any]]:
+def tool_schemas(protocol: str = "parser", env: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """JSON schemas of the protocol's tools (PARSER ``query_agents``, HMARS ``broadcast``) exactly as
-    the chat template receives them."""
+    the chat template receives them under the environment settings ``env`` (default: the defaults;
+    PARSER's tool description follows its ``activation``)."""
     from transformers.utils import get_json_schema
 
     from coordrl.envs.chat import env_tools
 
-    return [get_json_schema(tool) for tool in env_tools(get_protocol(protocol).probe_env())]
+    spec = get_protocol(protocol)
+    probe = spec.probe_env(spec.config(env) if env else None)
+    return [get_json_schema(tool) for tool in env_tools(probe)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,7 +448,7 @@ def _policy_meta(src: Path, meta: dict[str, Any], template_source: str) -> dict[
         "training_step": _training_step(src, meta),
         "system_prompt": meta.get("system_prompt"),
         "answer_format": meta.get("answer_format"),
-        "tools": tool_schemas(protocol),
+        "tools": tool_schemas(protocol, env),
         "chat_template": template_source,
         "env": env,
     }
