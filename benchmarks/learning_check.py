@@ -18,11 +18,26 @@
    and evaluates with routed readers. Each seed prints its reader calls per episode (training mean,
    held-out before and after), so routed and broadcast runs compare on cost.
 
+6. ``--readers vllm`` (default ``lexical``): the readers are the kept world reader model
+   (``src/coordrl/resources/world_reader``, docs/world_reader.md) served by vLLM's CPU build, started
+   here as ``coordrl serve-readers --cpu --model <it>`` starts it (`coordrl.readers.serve`, its
+   interpreter ``.venv-vllm`` from ``scripts/setup_vllm_cpu.sh``, or ``--vllm-python``) on a free
+   loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
+   ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
+   (``readers=<url> reader_model=<folder>`` overrides). Each seed also prints what the served readers
+   cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
+   reply, the client's queueing included), vLLM's prefix-cache hit rate (token counters of the
+   server's Prometheus ``/metrics`` read between the phases; the held-out evaluations' rate beside
+   it), and the share of step time (TRL's ``step_time``, generation included) during which some
+   reader request was in flight (`coordrl.readers.meter.CallMeter` on the training fleet). All of it
+   goes to ``learning_check.json`` under each seed's ``readers``.
+
 Target: sampled >= 90% and greedy >= 95% on both question types, for every seed. Time targets (idle
-2-core machine): warm start <= 10 minutes, GRPO <= 5 minutes per seed, the whole check <= 30 minutes.
-Targets are printed next to the results, never adjusted.
+2-core machine, lexical readers): warm start <= 10 minutes, GRPO <= 5 minutes per seed, the whole
+check <= 30 minutes. Targets are printed next to the results, never adjusted.
 
     python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 200]
+    python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0] [--eval-n 200]
 """
 
 from __future__ import annotations
@@ -30,14 +45,25 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import signal
+import socket
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # coordrl is imported where it is used, so --help stays fast
+    from coordrl.readers.meter import CallMeter
+    from coordrl.readers.serve import ReaderServerGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "src" / "coordrl" / "resources" / "warm_start"
 CONFIG = ROOT / "configs" / "world_cpu.yaml"
+READER_MODEL = ROOT / "src" / "coordrl" / "resources" / "world_reader"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TARGET_SAMPLED, TARGET_GREEDY = 0.90, 0.95
 TIME_TARGETS_S = {"warm_start_s": 600, "grpo_s_per_seed": 300, "total_s": 1800}
 
@@ -77,10 +103,17 @@ def evaluate(path: str | Path, rows: list[dict], seed: int, env: dict | None = N
 
 
 def grpo(
-    seed: int, minutes: float | None, out: Path, warm: Path, overrides: dict[str, str], steps: int | None = None
-) -> tuple[Path, list[dict], float, int]:
-    """GRPO from ``warm``: (final folder, reward log rows, seconds, optimizer steps taken). The reward
-    is logged once per generation batch, at its first step, so the last row is not the step count."""
+    seed: int,
+    minutes: float | None,
+    out: Path,
+    warm: Path,
+    overrides: dict[str, str],
+    steps: int | None = None,
+    meter: CallMeter | None = None,
+) -> tuple[Path, list[dict], float, int, float]:
+    """GRPO from ``warm``: (final folder, reward log rows, seconds, optimizer steps taken, seconds in
+    those steps). The reward is logged once per generation batch, at its first step, so the last row
+    is not the step count. ``meter`` (a `CallMeter`) is attached to the training's reader fleet."""
     from coordrl.train.config import load_config
     from coordrl.train.run import train
     from coordrl.train.trainer import CoordGRPOTrainer
@@ -91,14 +124,121 @@ def grpo(
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             seen.append(self)
+            if meter is not None:  # the fleet every training environment shares
+                k["environment_factory"].fleet.meter = meter
 
     limits = {"max_steps": str(steps)} if steps else {}
     limits["max_train_minutes"] = str(minutes) if minutes else "null"
     cfg = load_config(CONFIG, {"model": str(warm), "seed": str(seed), "output_dir": str(out), **limits, **overrides})
     t0 = time.time()
     train(cfg, overwrite=True, trainer_cls=Recording)  # a rerun replaces this benchmark's own earlier run
-    history = [h for h in seen[0].state.log_history if "reward" in h]
-    return out / "final", history, time.time() - t0, seen[0].state.global_step
+    state = seen[0].state
+    history = [h for h in state.log_history if "reward" in h]
+    # TRL's step_time (generation and tool rounds included) is the mean over each logging interval.
+    step_times = [h["step_time"] for h in state.log_history if h.get("step_time") is not None]
+    step_s = statistics.mean(step_times) * state.global_step if step_times else 0.0
+    return out / "final", history, time.time() - t0, state.global_step, step_s
+
+
+@dataclass
+class ServedReaders:
+    """The world reader model behind the vLLM CPU server this benchmark started (``--readers vllm``)."""
+
+    group: ReaderServerGroup
+    model: str
+    startup_s: float
+
+    @property
+    def url(self) -> str:
+        return self.group.urls[0]
+
+    @property
+    def log(self) -> Path:
+        return self.group.servers[0].log_path
+
+    def overrides(self) -> dict[str, str]:
+        """The config overrides that make training and the held-out evaluation read through this server."""
+        return {"readers": self.url, "reader_model": self.model}
+
+    def counters(self) -> tuple[float, float]:
+        """(queried, hit) prompt tokens of the server's prefix cache so far, from its ``/metrics``."""
+        from coordrl.readers.serve import prefix_cache_counters
+
+        return prefix_cache_counters(self.url)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_world_reader(out: Path, python: str | None, timeout_s: float) -> ServedReaders:
+    """The kept world reader served as ``coordrl serve-readers --cpu --model <it>`` serves it (same helper,
+    same CPU defaults) on a free loopback port, once healthy. Raises `ReaderServerError`, naming the log,
+    when the server exits or is not healthy within ``timeout_s``; a failed start leaves no process."""
+    from coordrl.readers.serve import start_reader_servers
+
+    # The repository's .venv-vllm even when the benchmark is run from another folder.
+    python = python or os.environ.get("COORDRL_VLLM_PYTHON") or (str(VLLM_PYTHON) if VLLM_PYTHON.exists() else None)
+    t0 = time.time()
+    group = start_reader_servers(
+        str(READER_MODEL),
+        cpu=True,
+        port_base=free_port(),
+        python=python,
+        startup_timeout_s=timeout_s,
+        log_dir=out / "reader-server",
+    )
+    return ServedReaders(group, str(READER_MODEL), time.time() - t0)
+
+
+Counters = tuple[float, float]
+
+
+def hit_rate(*phases: tuple[Counters, Counters]) -> float | None:
+    """Prefix-cache hit rate over ``phases``, each (counters before, counters after): hit tokens over
+    queried tokens (None when nothing was queried)."""
+    queried = sum(after[0] - before[0] for before, after in phases)
+    hits = sum(after[1] - before[1] for before, after in phases)
+    return hits / queried if queried > 0 else None
+
+
+def reader_figures(meter: CallMeter, steps: int, step_s: float, marks: list[Counters]) -> dict:
+    """What the served readers cost during one seed's GRPO, from the training fleet's `CallMeter` and
+    the prefix-cache counters ``marks`` read before the held-out evaluation, around GRPO and after the
+    last evaluation."""
+    m = meter.summary()
+    return {
+        "calls": m["calls"],
+        "failed_calls": m["failures"],
+        "calls_per_step": m["calls"] / steps if steps else 0.0,
+        "latency_p50_ms": m["latency_p50_ms"],
+        "latency_p95_ms": m["latency_p95_ms"],
+        "prefix_cache_hit_rate": hit_rate((marks[1], marks[2])),
+        "heldout_prefix_cache_hit_rate": hit_rate((marks[0], marks[1]), (marks[2], marks[3])),
+        "wait_s": m["busy_s"],
+        "step_s": step_s,
+        # Some reader request in flight, whichever rollout's: concurrent rollouts wait together.
+        "wait_share": m["busy_s"] / step_s if step_s else None,
+    }
+
+
+def fmt_readers(r: dict) -> str:
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    return (
+        f"  served readers in GRPO: {r['calls_per_step']:.1f} calls per step ({r['calls']} calls, "
+        f"{r['failed_calls']} failed); latency p50 {r['latency_p50_ms']:.0f} ms, p95 {r['latency_p95_ms']:.0f} ms\n"
+        f"  prefix cache hit rate {pct(r['prefix_cache_hit_rate'])} (held-out evaluation "
+        f"{pct(r['heldout_prefix_cache_hit_rate'])}); waiting on readers {pct(r['wait_share'])} of step time "
+        f"({r['wait_s']:.0f}s of {r['step_s']:.0f}s)"
+    )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def run_ablations(
@@ -124,7 +264,7 @@ def run_ablations(
     found = {}
     for name, (start, extra) in runs.items():
         before = evaluate(start, rows, seed, env)
-        final, hist, train_s, n_steps = grpo(
+        final, hist, train_s, n_steps, _ = grpo(
             seed,
             a.minutes,
             out / ("ablation-" + "-".join(name.split()[:3])),
@@ -227,6 +367,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the seeds; run the ablations from --warm-start or the kept warm start",
     )
+    p.add_argument(
+        "--readers",
+        choices=("lexical", "vllm"),
+        default="lexical",
+        help="lexical (default) or vllm: the kept world reader model served by a vLLM CPU server started here",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="interpreter with vllm (default $COORDRL_VLLM_PYTHON, else the repository's .venv-vllm)",
+    )
+    p.add_argument(
+        "--reader-startup-timeout",
+        type=float,
+        default=900.0,
+        help="seconds the vLLM reader server may take to become healthy (default 900)",
+    )
     a = p.parse_args(argv)
     if a.threads:
         import torch
@@ -235,8 +392,49 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(kv.split("=", 1) for kv in a.set)
+    started = time.time()
+    if a.readers == "lexical":
+        return check(a, p, out, overrides, started)
+    from coordrl.readers.serve import ReaderServerError
+
+    # SIGTERM (a scheduler, `kill`) takes Ctrl-C's path: the server runs in its own process group,
+    # so nothing but this process stops it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    served = None
+    try:
+        try:
+            served = serve_world_reader(out, a.vllm_python, a.reader_startup_timeout)
+        except ReaderServerError as exc:
+            print(
+                f"learning_check: the vLLM reader server did not become ready: {exc}\n"
+                "learning_check: without vllm, scripts/setup_vllm_cpu.sh makes .venv-vllm (or give --vllm-python)",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            f"readers: {served.model} served by vLLM at {served.url}, ready in {served.startup_s:.0f}s (log {served.log})"
+        )
+        return check(a, p, out, {**overrides, **served.overrides()}, started, served)
+    finally:
+        if served is not None:
+            served.group.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check(
+    a: argparse.Namespace,
+    p: argparse.ArgumentParser,
+    out: Path,
+    overrides: dict[str, str],
+    started: float,
+    served: ServedReaders | None = None,
+) -> int:
+    """The learning check itself (module docstring); ``served``: the readers of ``--readers vllm``,
+    already in ``overrides``."""
+    from coordrl.readers.meter import CallMeter
+
     env = env_overrides(overrides)
-    walls: dict[str, float] = {}
+    walls: dict[str, float] = {"reader_server_start_s": served.startup_s} if served else {}
     t0 = time.time()
     warm = Path(a.warm_start) if a.warm_start else KEPT
     if not (a.reuse_warm_start or a.warm_start):
@@ -252,12 +450,23 @@ def main(argv: list[str] | None = None) -> int:
         "target": {"sampled": TARGET_SAMPLED, "greedy": TARGET_GREEDY},
         "overrides": overrides,
     }
+    if served:
+        results["readers"] = {"mode": "vllm", "model": served.model, "url": served.url, "log": str(served.log)}
     curves: dict[int, list[dict]] = {}
+    # Prefix-cache counters between the phases of a seed (served readers only).
+    mark = served.counters if served else lambda: (0.0, 0.0)
     for seed in [] if a.ablations_only else a.seeds:
         t = time.time()
+        meter = CallMeter() if served else None
+        marks = [mark()]
         before = evaluate(warm, rows, seed, env)
-        final, hist, train_s, steps = grpo(seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps)
+        marks.append(mark())
+        final, hist, train_s, steps, step_s = grpo(
+            seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps, meter=meter
+        )
+        marks.append(mark())
         after = evaluate(final, rows, seed, env)
+        marks.append(mark())
         # Reader calls per training episode, averaged over the generation batches (what routing saves).
         calls = [h["env/reader_calls"] for h in hist if "env/reader_calls" in h]
         curves[seed] = hist
@@ -271,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed_s": time.time() - t,
             "train_reader_calls_per_episode": statistics.mean(calls) if calls else None,
         }
+        if served:
+            results["seeds"][seed]["readers"] = reader_figures(meter, steps, step_s, marks)
         print(f"seed {seed}: {steps} GRPO optimizer steps ({len(hist)} generation batches) in {train_s:.0f}s")
         print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
         print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
@@ -279,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  reader calls per episode: training {statistics.mean(calls):.2f}; held-out greedy before "
                 f"{before['greedy']['all_reader_calls']:.2f}, after {after['greedy']['all_reader_calls']:.2f}"
             )
+        if served:
+            print(fmt_readers(results["seeds"][seed]["readers"]), flush=True)
     gains = [100 * (r["after"]["sampled"]["all"] - r["before"]["sampled"]["all"]) for r in results["seeds"].values()]
     if gains:
         spread = (max(gains) - min(gains)) / 2
@@ -294,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         if not steps:
             p.error("--ablations-only needs --ablation-steps")
         results["ablations"] = run_ablations(a, out, warm, rows, overrides, steps, env)
-    walls["total_s"] = time.time() - t0
+    walls["total_s"] = time.time() - started
     results["wall"] = walls
     if gains:
         g = results["gain_points"]

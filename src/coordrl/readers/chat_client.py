@@ -34,6 +34,7 @@ import aiohttp
 import yarl
 
 from coordrl.readers.base import ReaderResult
+from coordrl.readers.meter import CallMeter
 from coordrl.readers.prompt import READER_CHAT_TEMPLATE_KWARGS
 from coordrl.readers.retry import Fatal, Retryable, RetryPolicy
 
@@ -148,6 +149,9 @@ class ChatCompletionsClient:
         temperature: sampling temperature (default 0.0: the served roles are frozen and deterministic).
         extra_body: extra request fields merged last (e.g. ``{"top_p": 1.0}``); the default sends
             ``chat_template_kwargs={"enable_thinking": False}``.
+
+    ``meter`` (default None) may be set to a :class:`~coordrl.readers.meter.CallMeter` to count the
+    requests, their latencies and the time some request was in flight.
     """
 
     def __init__(
@@ -187,6 +191,7 @@ class ChatCompletionsClient:
         self._slots: _Slots | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._guard: AsyncGenerator[None, None] | None = None
+        self.meter: CallMeter | None = None
 
     def __repr__(self) -> str:
         return (
@@ -236,8 +241,16 @@ class ChatCompletionsClient:
             async with slots:  # held for the attempt only, not for the backoff before a retry
                 return await self._attempt(session, endpoint, payload, timeout)
 
-        outcome = await self.retry_policy.arun(attempt)
-        latency = time.perf_counter() - start
+        meter = self.meter
+        if meter is not None:
+            meter.begin()
+        outcome = None
+        try:
+            outcome = await self.retry_policy.arun(attempt)
+        finally:
+            latency = time.perf_counter() - start
+            if meter is not None:  # a cancelled request leaves the in-flight count too
+                meter.end(latency, ok=outcome is not None and outcome.ok)
         if not outcome.ok:
             return ReaderResult(text="", ok=False, error=outcome.error, latency_s=latency, attempts=outcome.attempts)
         text = _THINK_BLOCK.sub("", outcome.value or "", count=1).strip()
