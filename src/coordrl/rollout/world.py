@@ -188,27 +188,30 @@ def evaluate_world(
             turns.append(new)
         return turns
 
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        turns = 1 if mapreduce else WORLD_ENV["max_turns"]
-        envs = [
-            StepEnv(
-                factory(),
-                codec,
-                max_turns=turns,
-                max_completion_tokens=max_completion_tokens,
-            )
-            for _ in batch
-        ]
-        for env, row in zip(envs, batch, strict=True):
-            env.reset(**with_world_prompt(row))
-            if mapreduce:
-                env.step(tool_call_text([row["question"]]))
-        outcomes = play(envs, act, WORLD_ENV["max_turns"] + 1)
-        # An episode the policy left (no tokens, or turns ran out) scores 0 here, whatever truncate() computed.
-        rewards = [o.step.reward if o.ended_by_env else 0.0 for o in outcomes]
-        for env, row, r in zip(envs, batch, rewards, strict=True):
-            results.append((row["type"], r, env.tool_rounds, int(env.info.get("reader_calls", 0))))
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            turns = 1 if mapreduce else WORLD_ENV["max_turns"]
+            envs = [
+                StepEnv(
+                    factory(),
+                    codec,
+                    max_turns=turns,
+                    max_completion_tokens=max_completion_tokens,
+                )
+                for _ in batch
+            ]
+            for env, row in zip(envs, batch, strict=True):
+                env.reset(**with_world_prompt(row))
+                if mapreduce:
+                    env.step(tool_call_text([row["question"]]))
+            outcomes = play(envs, act, WORLD_ENV["max_turns"] + 1)
+            # An episode the policy left (no tokens, or turns ran out) scores 0 here, whatever truncate() computed.
+            rewards = [o.step.reward if o.ended_by_env else 0.0 for o in outcomes]
+            for env, row, r in zip(envs, batch, rewards, strict=True):
+                results.append((row["type"], r, env.tool_rounds, int(env.info.get("reader_calls", 0))))
+    finally:
+        factory.close()  # served readers hold connection pools
     out: dict[str, Any] = {}
     for qtype in QUESTION_TYPES + ("all",):
         sel = [r for r in results if qtype == "all" or r[0] == qtype]
