@@ -1,0 +1,225 @@
+"""Scripted HMARS mid-agent broadcasts on the HMARS world: what a good broadcast is worth before any training.
+
+Builds the held-out questions of the HMARS world (`coordrl.data.hmars_world`: the PARSER world's
+held-out questions, each padded to 16 documents and laid out so its two needed documents lie on
+different sub-agents) and runs every question through the environment training uses
+(`HmarsEnvFactory` -> `MidAgentEnv.reset` -> ``broadcast`` -> ``info``), once per scripted broadcast
+(`coordrl.envs.hmars_world.SCRIPTED`) and per answer role:
+
+- roles: card and regional-memory writer **lexical**, page selector **lexical** (threshold and page
+  sizes from `HMARS_WORLD_ENV`); answer role **rule** (`RuleAnswerer`: a model-free reader of the
+  selected pages that follows the question's chain and says ``Unknown`` when a fact is missing, so its
+  exact match measures whether the evidence suffices) and **lexical** (the CPU config's answerer,
+  which replies with a whole sentence: exact match 0 on this world whatever the evidence);
+- ``memory``: `broadcast_from_memory` on the observation the mid-agent gets today (the regional
+  memory `MidAgentEnv.reset` returns), and ``memory+cards`` on that memory with each sub-agent's card
+  summary appended (a proposed observation, rendered here only);
+- ``dispatch`` (only hinted sub-agents select) with the good broadcast, and ``no_mid`` (every
+  sub-agent selects from the question alone, whatever the broadcast).
+
+It also reports what the observation holds: whether each needed name is on its sub-agent's line
+(routing readable), whether the bridge's director is named, and whether "film F was directed by P"
+is stated, in today's memory and with the card summaries.
+
+    python benchmarks/hmars_world_broadcasts.py [--questions 100] [--seed 0] [--tokenizer SPEC] [--out FILE]
+
+``--tokenizer``: the tokenizer pages are cut with (default: the shipped one, the environment's
+default; pass the policy's tokenizer folder to lay out and index the world as training would).
+Offline, CPU only, about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from coordrl.data.hmars_world import HMARS_WORLD_ENV, N_DOCS, hmars_world_splits, needed_titles
+from coordrl.data.tokens import load_tokenizer
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
+from coordrl.envs.hmars_index import DocumentIndex
+from coordrl.envs.hmars_world import (
+    broadcast_from_memory,
+    memory_entities,
+    owners,
+    scripted_broadcast,
+    use_rule_answerer,
+)
+from coordrl.readers.prompt import sanitize_reader_text
+
+Broadcast = Callable[[dict[str, Any], str, DocumentIndex], tuple[str, dict[str, str]]]
+
+
+def memory_with_cards(index: DocumentIndex, group: int = 0) -> str:
+    """The proposed observation: today's regional memory plus each sub-agent's card summary (for the
+    lexical writer: its Documents and their titles with first sentences)."""
+    cards = [f"- s{s}: {index.cards[s].summary}" for s in index.regions[group].subagents]
+    return sanitize_reader_text(index.region_text(group) + "\nSub-agent cards:\n" + "\n".join(cards))
+
+
+def _scripted(kind: str) -> Broadcast:
+    return lambda row, memory, index: scripted_broadcast(kind, row, index)
+
+
+# (variant, mode, broadcast)
+VARIANTS: list[tuple[str, str, Broadcast]] = [
+    ("question", "full", _scripted("question")),
+    ("good", "full", _scripted("good")),
+    ("first_hop", "full", _scripted("first_hop")),
+    ("interpretation_only", "full", _scripted("interpretation_only")),
+    ("misrouted", "full", _scripted("misrouted")),
+    ("memory", "full", lambda row, memory, index: broadcast_from_memory(row["question"], memory)),
+    (
+        "memory+cards",
+        "full",
+        lambda row, memory, index: broadcast_from_memory(row["question"], memory_with_cards(index)),
+    ),
+    ("good", "dispatch", _scripted("good")),
+    ("good", "no_mid", _scripted("good")),
+]
+ANSWERERS = ("rule", "lexical")
+
+
+def observation_check(row: dict[str, Any], memory: str, index: DocumentIndex, tok) -> dict[str, float]:
+    """What the mid-agent can read: routing (each needed name on its owner's entity line), the
+    bridge director named, the film -> director sentence stated; today and with card summaries."""
+    proposed = memory_with_cards(index)
+    lists = memory_entities(memory)
+    names = needed_titles(row)
+    out = {
+        "routing_readable": float(all(n in lists.get(s, []) for n, s in zip(names, owners(row, index), strict=True))),
+        "memory_tokens": len(tok(memory, add_special_tokens=False)["input_ids"]),
+        "memory+cards_tokens": len(tok(proposed, add_special_tokens=False)["input_ids"]),
+    }
+    if row["type"] == "bridge":
+        film, director = names
+        stated = re.compile(rf"\bThe film {film} was directed by {director}\b")
+        out["director_named"] = float(re.search(rf"\b{director}\b", memory) is not None)
+        out["relation_stated"] = float(stated.search(memory) is not None)
+        out["relation_stated_with_cards"] = float(stated.search(proposed) is not None)
+    return out
+
+
+def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
+    tok = load_tokenizer(tokenizer)
+    t0 = time.perf_counter()
+    rows = hmars_world_splits(0, 2 * n_per_type, seed, tokenizer=tok)["heldout"]
+    build_s = time.perf_counter() - t0
+    factories: dict[tuple[str, str], HmarsEnvFactory] = {}
+    for mode in ("full", "dispatch", "no_mid"):
+        for answerer in ANSWERERS:
+            f = HmarsEnvFactory(HmarsEnvConfig(**HMARS_WORLD_ENV, mode=mode), tokenizer=tok)
+            if answerer == "rule":
+                use_rule_answerer(f)
+            factories[(mode, answerer)] = f
+    results: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    observed: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    shapes: dict[str, list[float]] = defaultdict(list)
+    t0 = time.perf_counter()
+    for row in rows:
+        for variant, mode, broadcast in VARIANTS:
+            for answerer in ANSWERERS:
+                env = factories[(mode, answerer)]()
+                memory = env.reset(**row).strip()
+                interpretation, hints = broadcast(row, memory, env.index)
+                reply = asyncio.run(env.broadcast(interpretation, hints))
+                if reply.startswith("Error"):
+                    raise RuntimeError(f"{row['id']} {variant}: {reply}")
+                info = env.info
+                r = results[(variant, mode, row["type"])]
+                r[f"em_{answerer}"].append(info["em"])
+                if answerer == "rule":
+                    for key in ("recall", "pages_selected", "evidence_tokens"):
+                        r[key].append(info[key])
+        env = factories[("full", "rule")]()
+        memory = env.reset(**row).strip()
+        for key, value in observation_check(row, memory, env.index, tok).items():
+            observed[row["type"]][key].append(value)
+        shapes["subagents"].append(env.index.num_subagents)
+        shapes["tokens"].append(env.index.num_tokens)
+    episodes_s = time.perf_counter() - t0
+    table = [
+        {
+            "variant": variant,
+            "mode": mode,
+            "type": qtype,
+            "n": len(r["recall"]),
+            **{k: round(statistics.fmean(v), 4) for k, v in r.items()},
+        }
+        for (variant, mode, qtype), r in results.items()
+    ]
+    return {
+        "questions_per_type": n_per_type,
+        "seed": seed,
+        "tokenizer": tokenizer or "coordrl-tiny (shipped)",
+        "n_docs": N_DOCS,
+        "settings": HMARS_WORLD_ENV,
+        "roles": {"writer": "lexical", "selector": "lexical", "answer": "rule and lexical (separate runs)"},
+        "subagents_per_question": [min(shapes["subagents"]), max(shapes["subagents"])],
+        "tokens_per_question": [min(shapes["tokens"]), max(shapes["tokens"])],
+        "build_s": round(build_s, 2),
+        "episodes_s": round(episodes_s, 2),
+        "episodes": len(rows) * len(VARIANTS) * len(ANSWERERS),
+        "table": table,
+        "observation": {
+            qtype: {k: round(statistics.fmean(v), 4) for k, v in obs.items()} for qtype, obs in observed.items()
+        },
+    }
+
+
+def print_report(out: dict[str, Any]) -> None:
+    s = out["settings"]
+    print(
+        f"HMARS world, {out['questions_per_type']} held-out questions per type (seed {out['seed']}), "
+        f"{out['n_docs']} documents = {out['tokens_per_question'][0]}-{out['tokens_per_question'][1]} tokens "
+        f"({out['tokenizer']}), {out['subagents_per_question'][0]}-{out['subagents_per_question'][1]} sub-agents "
+        f"of {s['c_sub']} tokens in {s['page_tokens']}-token pages, one mid-agent"
+    )
+    print(
+        "roles: writer lexical, selector lexical (threshold "
+        f"{s['lexical_select_threshold']}, {s['pages_per_subagent']} page per sub-agent); answer: rule "
+        "(model-free reader of the selected pages) and lexical (the CPU config's, answers a sentence)"
+    )
+    print(f"{out['episodes']} episodes in {out['episodes_s']} s (world built in {out['build_s']} s)\n")
+    head = f"{'broadcast':<20} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6} {'recall':>6} {'pages':>5} {'ev.tok':>6}"
+    print(head)
+    print("-" * len(head))
+    for r in out["table"]:
+        print(
+            f"{r['variant']:<20} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f} "
+            f"{r['recall']:>6.3f} {r['pages_selected']:>5.2f} {r['evidence_tokens']:>6.1f}"
+        )
+    print("\nwhat the mid-agent can read (share of questions; *_tokens: mean tokens of the memory text):")
+    for qtype, obs in out["observation"].items():
+        print(f"  {qtype:<11} " + ", ".join(f"{k} {v:g}" for k, v in obs.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=100, help="held-out questions per type (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer pages are cut with (default: the shipped one)")
+    parser.add_argument("--out", default=None, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    out = run(args.questions, args.seed, args.tokenizer)
+    print_report(out)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
