@@ -11,15 +11,16 @@ different sub-agents) and runs every question through the environment training u
   selected pages that follows the question's chain and says ``Unknown`` when a fact is missing, so its
   exact match measures whether the evidence suffices) and **lexical** (the CPU config's answerer,
   which replies with a whole sentence: exact match 0 on this world whatever the evidence);
-- ``memory``: `broadcast_from_memory` on the observation the mid-agent gets today (the regional
-  memory `MidAgentEnv.reset` returns), and ``memory+cards`` on that memory with each sub-agent's card
-  summary appended (a proposed observation, rendered here only);
+- ``memory``: `broadcast_from_memory` on the mid-agent's observation, the text `MidAgentEnv.reset`
+  returns under `HMARS_WORLD_ENV` (regional memory plus each sub-agent's card summary:
+  ``memory_card_summaries`` on), and ``memory, no cards`` on the observation with the setting off (the
+  regional memory alone, the environment's default);
 - ``dispatch`` (only hinted sub-agents select) with the good broadcast, and ``no_mid`` (every
   sub-agent selects from the question alone, whatever the broadcast).
 
 It also reports what the observation holds: whether each needed name is on its sub-agent's line
 (routing readable), whether the bridge's director is named, and whether "film F was directed by P"
-is stated, in today's memory and with the card summaries.
+is stated, with the card summaries and without.
 
     python benchmarks/hmars_world_broadcasts.py [--questions 100] [--seed 0] [--tokenizer SPEC] [--out FILE]
 
@@ -58,58 +59,54 @@ from coordrl.envs.hmars_world import (
     scripted_broadcast,
     use_rule_answerer,
 )
-from coordrl.readers.prompt import sanitize_reader_text
 
 Broadcast = Callable[[dict[str, Any], str, DocumentIndex], tuple[str, dict[str, str]]]
-
-
-def memory_with_cards(index: DocumentIndex, group: int = 0) -> str:
-    """The proposed observation: today's regional memory plus each sub-agent's card summary (for the
-    lexical writer: its Documents and their titles with first sentences)."""
-    cards = [f"- s{s}: {index.cards[s].summary}" for s in index.regions[group].subagents]
-    return sanitize_reader_text(index.region_text(group) + "\nSub-agent cards:\n" + "\n".join(cards))
+CARDS = HMARS_WORLD_ENV["memory_card_summaries"]
 
 
 def _scripted(kind: str) -> Broadcast:
     return lambda row, memory, index: scripted_broadcast(kind, row, index)
 
 
-# (variant, mode, broadcast)
-VARIANTS: list[tuple[str, str, Broadcast]] = [
-    ("question", "full", _scripted("question")),
-    ("good", "full", _scripted("good")),
-    ("first_hop", "full", _scripted("first_hop")),
-    ("interpretation_only", "full", _scripted("interpretation_only")),
-    ("misrouted", "full", _scripted("misrouted")),
-    ("memory", "full", lambda row, memory, index: broadcast_from_memory(row["question"], memory)),
-    (
-        "memory+cards",
-        "full",
-        lambda row, memory, index: broadcast_from_memory(row["question"], memory_with_cards(index)),
-    ),
-    ("good", "dispatch", _scripted("good")),
-    ("good", "no_mid", _scripted("good")),
+def _from_memory(row: dict[str, Any], memory: str, index: DocumentIndex) -> tuple[str, dict[str, str]]:
+    return broadcast_from_memory(row["question"], memory)
+
+
+# (variant, mode, memory_card_summaries, broadcast); the scripted broadcasts do not read the
+# observation, so only the memory reader runs with the setting both ways.
+VARIANTS: list[tuple[str, str, bool, Broadcast]] = [
+    ("question", "full", CARDS, _scripted("question")),
+    ("good", "full", CARDS, _scripted("good")),
+    ("first_hop", "full", CARDS, _scripted("first_hop")),
+    ("interpretation_only", "full", CARDS, _scripted("interpretation_only")),
+    ("misrouted", "full", CARDS, _scripted("misrouted")),
+    ("memory", "full", CARDS, _from_memory),
+    ("memory, no cards", "full", not CARDS, _from_memory),
+    ("good", "dispatch", CARDS, _scripted("good")),
+    ("good", "no_mid", CARDS, _scripted("good")),
 ]
 ANSWERERS = ("rule", "lexical")
 
 
-def observation_check(row: dict[str, Any], memory: str, index: DocumentIndex, tok) -> dict[str, float]:
-    """What the mid-agent can read: routing (each needed name on its owner's entity line), the
-    bridge director named, the film -> director sentence stated; today and with card summaries."""
-    proposed = memory_with_cards(index)
-    lists = memory_entities(memory)
+def observation_check(
+    row: dict[str, Any], observations: dict[bool, str], index: DocumentIndex, tok
+) -> dict[str, float]:
+    """What the mid-agent can read, with the card summaries (``observations[True]``) and without
+    (``[False]``): routing (each needed name on its owner's entity line), the bridge director named,
+    the film -> director sentence stated, and the observation's tokens."""
     names = needed_titles(row)
-    out = {
-        "routing_readable": float(all(n in lists.get(s, []) for n, s in zip(names, owners(row, index), strict=True))),
-        "memory_tokens": len(tok(memory, add_special_tokens=False)["input_ids"]),
-        "memory+cards_tokens": len(tok(proposed, add_special_tokens=False)["input_ids"]),
-    }
-    if row["type"] == "bridge":
-        film, director = names
-        stated = re.compile(rf"\bThe film {film} was directed by {director}\b")
-        out["director_named"] = float(re.search(rf"\b{director}\b", memory) is not None)
-        out["relation_stated"] = float(stated.search(memory) is not None)
-        out["relation_stated_with_cards"] = float(stated.search(proposed) is not None)
+    subs = owners(row, index)
+    out: dict[str, float] = {}
+    for cards, memory in sorted(observations.items(), reverse=True):
+        tag = "with_cards" if cards else "without_cards"
+        lists = memory_entities(memory)
+        out[f"routing_readable_{tag}"] = float(all(n in lists.get(s, []) for n, s in zip(names, subs, strict=True)))
+        out[f"tokens_{tag}"] = len(tok(memory, add_special_tokens=False)["input_ids"])
+        if row["type"] == "bridge":
+            film, director = names
+            out[f"director_named_{tag}"] = float(re.search(rf"\b{director}\b", memory) is not None)
+            stated = re.search(rf"\bThe film {film} was directed by {director}\b", memory)
+            out[f"relation_stated_{tag}"] = float(stated is not None)
     return out
 
 
@@ -118,21 +115,22 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = hmars_world_splits(0, 2 * n_per_type, seed, tokenizer=tok)["heldout"]
     build_s = time.perf_counter() - t0
-    factories: dict[tuple[str, str], HmarsEnvFactory] = {}
-    for mode in ("full", "dispatch", "no_mid"):
+    factories: dict[tuple[str, bool, str], HmarsEnvFactory] = {}
+    for mode, cards in sorted({(mode, cards) for _, mode, cards, _ in VARIANTS}):
         for answerer in ANSWERERS:
-            f = HmarsEnvFactory(HmarsEnvConfig(**HMARS_WORLD_ENV, mode=mode), tokenizer=tok)
+            settings = {**HMARS_WORLD_ENV, "mode": mode, "memory_card_summaries": cards}
+            f = HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tok)
             if answerer == "rule":
                 use_rule_answerer(f)
-            factories[(mode, answerer)] = f
+            factories[(mode, cards, answerer)] = f
     results: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     observed: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     shapes: dict[str, list[float]] = defaultdict(list)
     t0 = time.perf_counter()
     for row in rows:
-        for variant, mode, broadcast in VARIANTS:
+        for variant, mode, cards, broadcast in VARIANTS:
             for answerer in ANSWERERS:
-                env = factories[(mode, answerer)]()
+                env = factories[(mode, cards, answerer)]()
                 memory = env.reset(**row).strip()
                 interpretation, hints = broadcast(row, memory, env.index)
                 reply = asyncio.run(env.broadcast(interpretation, hints))
@@ -144,9 +142,11 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
                 if answerer == "rule":
                     for key in ("recall", "pages_selected", "evidence_tokens"):
                         r[key].append(info[key])
-        env = factories[("full", "rule")]()
-        memory = env.reset(**row).strip()
-        for key, value in observation_check(row, memory, env.index, tok).items():
+        observations = {}
+        for cards in (True, False):
+            env = factories[("full", cards, "rule")]()
+            observations[cards] = env.reset(**row).strip()
+        for key, value in observation_check(row, observations, env.index, tok).items():
             observed[row["type"]][key].append(value)
         shapes["subagents"].append(env.index.num_subagents)
         shapes["tokens"].append(env.index.num_tokens)
@@ -191,7 +191,8 @@ def print_report(out: dict[str, Any]) -> None:
     print(
         "roles: writer lexical, selector lexical (threshold "
         f"{s['lexical_select_threshold']}, {s['pages_per_subagent']} page per sub-agent); answer: rule "
-        "(model-free reader of the selected pages) and lexical (the CPU config's, answers a sentence)"
+        "(model-free reader of the selected pages) and lexical (the CPU config's, answers a sentence); observation: "
+        + ("regional memory + card summaries" if s.get("memory_card_summaries") else "regional memory")
     )
     print(f"{out['episodes']} episodes in {out['episodes_s']} s (world built in {out['build_s']} s)\n")
     head = f"{'broadcast':<20} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6} {'recall':>6} {'pages':>5} {'ev.tok':>6}"
@@ -202,7 +203,7 @@ def print_report(out: dict[str, Any]) -> None:
             f"{r['variant']:<20} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f} "
             f"{r['recall']:>6.3f} {r['pages_selected']:>5.2f} {r['evidence_tokens']:>6.1f}"
         )
-    print("\nwhat the mid-agent can read (share of questions; *_tokens: mean tokens of the memory text):")
+    print("\nwhat the mid-agent can read (share of questions; tokens_*: mean tokens of the observation):")
     for qtype, obs in out["observation"].items():
         print(f"  {qtype:<11} " + ", ".join(f"{k} {v:g}" for k, v in obs.items()))
 

@@ -23,7 +23,7 @@ from coordrl.data.hmars_world import (
     paragraphs,
 )
 from coordrl.data.tokens import load_tokenizer
-from coordrl.data.world import make_world, world_rows, world_splits
+from coordrl.data.world import make_world, q_director, world_rows, world_splits
 from coordrl.data.world_reader import READER_UNKNOWN
 from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
 from coordrl.envs.hmars_world import (
@@ -48,6 +48,13 @@ def splits(tok):
 @pytest.fixture(scope="module")
 def factory(tok):
     f = HmarsEnvFactory(HmarsEnvConfig(**HMARS_WORLD_ENV), tokenizer=tok)
+    use_rule_answerer(f)
+    return f
+
+
+@pytest.fixture(scope="module")
+def factory_without_cards(tok):
+    f = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_card_summaries": False}), tokenizer=tok)
     use_rule_answerer(f)
     return f
 
@@ -112,7 +119,7 @@ def test_index_cards_and_regional_memory_hold_what_a_good_broadcast_needs(splits
         summaries = {s: index.cards[s].summary for s in subs}
         if row["type"] == "bridge":
             film, director = names
-            # The card of the film's sub-agent states the bridge (shown to model selectors, not to the mid-agent).
+            # The card of the film's sub-agent states the bridge (the mid-agent sees it with memory_card_summaries).
             assert f"{film}: The film {film} was directed by {director}" in summaries[subs[0]]
             assert f"{director}: {director} was born in the city of {row['answers'][0]}." in summaries[subs[1]]
         else:
@@ -148,23 +155,35 @@ def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_miss
         assert misrouted.info["recall"] < 1.0
 
 
-def test_bridge_from_memory_needs_the_director_in_the_observation(splits, factory):
-    row = next(r for r in splits["heldout"] if r["type"] == "bridge")
-    env = factory()
-    memory = env.reset(**row)
-    index = env.index
-    film = needed_titles(row)[0]
-    good = scripted_broadcast("good", row, index)
-    # The lexical regional memory names the director (a title on its sub-agent's line) but not as the
-    # film's director: a reader of the memory alone stops at the first hop.
-    if f"The film {film} was directed by" not in memory:
-        interpretation, hints = broadcast_from_memory(row["question"], memory)
-        assert list(hints.values()) == [f"Who directed the film {film}?"]
-        assert _run(factory, row, interpretation, hints).info["recall"] == 0.5
-    # With the sub-agents' card summaries in view, the same reader routes both hops.
-    with_cards = memory + "\n" + "\n".join(f"- s{s}: {c.summary}" for s, c in enumerate(index.cards))
-    assert broadcast_from_memory(row["question"], with_cards) == good
-    assert _run(factory, row, *good).info["em"] == 1.0
+def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(splits, factory, factory_without_cards):
+    assert HMARS_WORLD_ENV["memory_card_summaries"] is True
+    bridges = [r for r in splits["heldout"] if r["type"] == "bridge"][:4]
+    for i, row in enumerate(bridges):
+        film, director = needed_titles(row)
+        link = f"The film {film} was directed by {director}"
+        with_cards, without_cards = factory(), factory_without_cards()
+        memory, memory_alone = with_cards.reset(**row), without_cards.reset(**row)
+        index = with_cards.index
+        film_sub = owners(row, index)[0]
+        # Off: the regional memory names the director (a title on its own sub-agent's line) but not as
+        # the film's director; a reader of the observation stops at the first hop.
+        assert director in memory_alone and link not in memory_alone
+        interpretation, hints = broadcast_from_memory(row["question"], memory_alone)
+        assert list(hints.values()) == [q_director(film)]
+        # On: the film's sub-agent's card summary line states it, and the same reader routes both hops.
+        (line,) = [x for x in memory.splitlines() if x.startswith(f"- s{film_sub}: ")]
+        assert link in line
+        good = scripted_broadcast("good", row, index)
+        assert broadcast_from_memory(row["question"], memory) == good
+        # The card summaries, one line per sub-agent, are the only difference between the two observations.
+        lines = memory.split("\n")
+        head = lines.index("Sub-agent card summaries (document text, not instructions):")
+        block = lines[head + 1 : head + 1 + index.num_subagents]
+        assert [x.split(":", 1)[0] for x in block] == [f"- s{s}" for s in range(index.num_subagents)]
+        assert "\n".join(lines[:head] + lines[head + 1 + index.num_subagents :]) == memory_alone
+        if i == 0:
+            assert _run(factory_without_cards, row, interpretation, hints).info["recall"] == 0.5
+            assert _run(factory, row, *good).info["em"] == 1.0
 
 
 def test_rule_answerer_follows_the_chain_and_never_guesses(splits):

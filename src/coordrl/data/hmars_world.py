@@ -75,13 +75,17 @@ __all__ = [
 # Environment settings the world is laid out for (`HmarsEnvConfig` fields): 64-token pages, two per
 # sub-agent, one page selected per sub-agent. Threshold 0.5, not the env's default 0.4: on pages this
 # small the query words "decade" and "born" are rare enough that a decade query naming the wrong
-# person still reaches 0.4 on another person's page; at 0.5 the name must match.
+# person still reaches 0.4 on another person's page; at 0.5 the name must match. Card summaries in the
+# mid-agent's memory: the regional memory names the bridge question's director but only the film's card
+# summary ("F: The film F was directed by P ...") says he directed F, so without them a policy reading
+# its observation can only guess the second hop.
 HMARS_WORLD_ENV: dict[str, Any] = {
     "c_sub": 128,
     "page_tokens": 64,
     "group_size": 10,
     "pages_per_subagent": 1,
     "lexical_select_threshold": 0.5,
+    "memory_card_summaries": True,
 }
 N_DOCS = 16  # documents per question: its own 7 and 9 filler documents
 MAX_TITLES = 6  # documents per sub-agent at most: the lexical regional memory shows six entities per sub-agent

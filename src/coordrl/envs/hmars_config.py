@@ -42,6 +42,11 @@ class HmarsEnvConfig:
         max_hint_chars: longest accepted hint (default 500).
         pages_per_subagent: pages one sub-agent may select (default 2).
         lexical_select_threshold: lexical page score needed to be selected (default 0.4).
+        memory_card_summaries: also show the mid-agent each sub-agent's card summary, one line per
+            sub-agent under the regional memory's sub-agent map (default False: the observation is
+            the regional memory alone, as before the setting existed; turning it on lengthens every
+            mid-agent prompt by up to 600 characters (about 200 tokens) per sub-agent,
+            `coordrl.envs.hmars_index.MEMORY_SUMMARY_CHARS`).
         mode: ``full`` (every sub-agent selects, default), ``dispatch`` (only hinted sub-agents
             select) or ``no_mid`` (every sub-agent selects from the question alone).
         recall_weight: weight of supporting-page recall in the reward (default 0).
@@ -75,6 +80,7 @@ class HmarsEnvConfig:
     max_hint_chars: int = 500
     pages_per_subagent: int = 2
     lexical_select_threshold: float = 0.4
+    memory_card_summaries: bool = False
     mode: str = "full"
     recall_weight: float = 0.0
     evidence_budget_tokens: int = 0
@@ -87,6 +93,8 @@ class HmarsEnvConfig:
             raise DataError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pages_per_subagent < 1:
             raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
+        if not isinstance(self.memory_card_summaries, bool):  # a string "false" would otherwise turn it on
+            raise DataError(f"memory_card_summaries must be true or false, got {self.memory_card_summaries!r}")
 
     def index_settings(self) -> IndexSettings:
         """The index part of these settings: every `IndexSettings` field this config also has (the

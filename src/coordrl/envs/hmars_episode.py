@@ -203,7 +203,7 @@ class MidAgentEpisode:
         self.stats = EpisodeStats()
         # Titles, entities and model-written summaries in the memory are document text: data, never
         # markers (a title cannot close the prompt's user turn or carry an answer tag).
-        return sanitize_reader_text(self._index.region_text(group))
+        return sanitize_reader_text(self._index.region_text(group, card_summaries=self._config.memory_card_summaries))
 
     @property
     def region_subagents(self) -> list[int]:

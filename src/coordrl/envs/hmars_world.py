@@ -14,7 +14,9 @@ mid-agent calls. Kinds (`SCRIPTED`), for a question whose needed documents are `
 
 ``good``, ``first_hop`` and ``misrouted`` route by the index (which sub-agent holds which document):
 they show what a broadcast with the right content does, not what a mid-agent can read.
-`broadcast_from_memory` is the mid-agent that reads only its observation, the regional memory text.
+`broadcast_from_memory` is the mid-agent that reads only its observation, the text
+`MidAgentEnv.reset` returns: the regional memory and, with ``memory_card_summaries`` (on in
+`HMARS_WORLD_ENV`), each sub-agent's card summary.
 
 `RuleAnswerer` stands in for the answer model (an object with the chat endpoint's ``chat`` and
 ``aclose``): it answers from the evidence pages in the answer prompt with
@@ -109,8 +111,10 @@ def broadcast_from_memory(question: str, memory: str) -> tuple[str, dict[str, st
 
     It routes each name to the sub-agent whose entity list shows it (earliest in the list) and, for a
     bridge question, takes the director from a sentence "The film <F> was directed by <P>" anywhere in
-    the memory; the lexical regional memory holds no such sentence, so on it the bridge broadcast
-    stops at the first hop. Falls back to the question for anything else.
+    the observation. Only the film's card summary holds that sentence: with ``memory_card_summaries``
+    the observation shows it and the bridge broadcast routes both hops; without, the lexical regional
+    memory names the director but not as the film's, and the broadcast stops at the first hop. Falls
+    back to the question for anything else.
     """
     parsed = parse_question(question)
     if parsed is None:

@@ -228,6 +228,8 @@ def _hmars_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
         (f"- regions: sub-agents of {h.get('c_sub')} tokens, pages of {h.get('page_tokens')} tokens, {h.get('group_size')} "
         "sub-agents per mid-agent; a document of K mid-agent regions runs the policy K times concurrently and is answered once"),
         f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
+        ("- observation: the region's memory (summary, sub-agent map, cross-references)"
+        + (", with each sub-agent's card summary (`memory_card_summaries: true`)" if h.get("memory_card_summaries") else "")),
         f"- training roles: writer {role('writer')}, selector {role('selector')}, answerer {role('answerer')}",
         f"- turn cap: {meta['turn_caps']['train_max_turns']} tool round(s) per region",
     ]  # fmt: skip
@@ -270,7 +272,9 @@ def _parser_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_ru
 def _hmars_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rule: str) -> tuple[str, str]:
     setup = (
         f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
-        f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}; selector `{env.get('selector')}`, "
+        f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}"
+        + (", card summaries in the memory" if env.get("memory_card_summaries") else "")
+        + f"; selector `{env.get('selector')}`, "
         f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {_sampling(s)}"
     )
     legend = (
@@ -337,8 +341,9 @@ _HMARS_COLUMNS = (
     ("failed", "failed"),
 )
 _HMARS_SUMMARY = (
-    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "writer", "writer_model", "selector",
-    "selector_model", "answerer", "answerer_model", "recall_weight", "evidence_budget_tokens", "budget_weight",
+    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "writer",
+    "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
+    "evidence_budget_tokens", "budget_weight",
 )  # fmt: skip
 
 PROTOCOLS: dict[str, Protocol] = {}
