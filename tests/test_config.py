@@ -63,3 +63,24 @@ def test_bad_values_name_the_field(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(TINY, override)
     assert str(err.value) == message
+
+
+def test_bf16_auto_is_bf16_exactly_where_the_cpu_computes_it_natively(monkeypatch):
+    import torch
+
+    from coordrl.train import config as config_mod
+
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert config_mod.native_bf16(use_cpu=True) is native
+        c = load_config(TINY, {"bf16": "auto", "use_cpu": "true"})
+        assert c.grpo["bf16"] is native  # a plain bool by the time TRL sees it
+    # An explicit true on a CPU that emulates bf16 is kept, and the user is told what it costs.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    with pytest.warns(UserWarning, match="emulates bf16"):
+        c = load_config(TINY, {"bf16": "true", "use_cpu": "true"})
+    assert c.grpo["bf16"] is True
+    # The world config (the learning check, the demo) asks for auto.
+    world = Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml"
+    assert "\nbf16: auto\n" in world.read_text()

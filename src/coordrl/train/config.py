@@ -12,6 +12,7 @@ import difflib
 import functools
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,37 @@ def _check_readers(coord: CoordConfig) -> None:
         )
 
 
+def native_bf16(use_cpu: bool) -> bool:
+    """Whether the training device computes bf16 in hardware: with ``use_cpu``, a CPU with AVX512-BF16
+    or AMX tiles; otherwise a visible CUDA GPU with bf16 support, or True when no GPU is visible (a GPU
+    config planned on a CPU host).
+
+    Why it matters on CPU: without those instructions torch emulates bf16 matmuls. Measured on an
+    AVX2-only 2-core EPYC: a 2048x256 by 256x512 matmul with its backward 49 ms in fp32, 743 ms under
+    bf16 autocast; a world GRPO step 4-14 s in fp32, 45-78 s in bf16. On AVX512-BF16 cores bf16 is
+    the faster one (1.42 vs 2.05 s per world step)."""
+    import torch
+
+    if use_cpu:
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private in torch.cpu: guarded
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def _resolve_bf16(grpo: dict[str, Any]) -> None:
+    """``bf16: auto`` -> bf16 exactly where it is native (`native_bf16`); an explicit ``bf16: true``
+    on a CPU without it is kept, with a warning naming the cost."""
+    use_cpu = bool(grpo.get("use_cpu"))
+    if grpo.get("bf16") == "auto":
+        grpo["bf16"] = native_bf16(use_cpu)
+    elif grpo.get("bf16") is True and use_cpu and not native_bf16(use_cpu):
+        warnings.warn(
+            "bf16: true on a CPU without AVX512-BF16 or AMX: torch emulates bf16 there, about 10x slower than "
+            "fp32 (set bf16: false, or bf16: auto to use it only where it is native)",
+            stacklevel=3,
+        )
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML config (safe loader) and apply overrides; every key is checked and typed."""
     raw: dict[str, Any] = {}
@@ -268,10 +300,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     for key, value in raw.items():
         if key in coord_fields:
             coord_kwargs[key] = _coerce(key, value, coord_fields[key])
+        elif key == "bf16" and str(value).lower() == "auto":
+            grpo_kwargs[key] = "auto"  # resolved below, once use_cpu is known
         elif key in trl_fields:
             grpo_kwargs[key] = _coerce(key, value, trl_fields[key])
         else:
             raise _unknown(key, known)
+    _resolve_bf16(grpo_kwargs)
     coord = CoordConfig(**coord_kwargs)
     if coord.protocol not in PROTOCOLS:
         raise ConfigError(f"protocol: must be one of {tuple(PROTOCOLS)}, got {coord.protocol!r}")
