@@ -13,7 +13,7 @@ import json
 import multiprocessing as mp
 import shutil
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -182,6 +182,22 @@ def _finish_out(partial: Path, out: Path) -> None:
     partial.rename(out)
 
 
+@contextmanager
+def _publishing(partial: Path, out: Path, inputs: Inputs, seed: int) -> Iterator[None]:
+    """Write into ``partial`` with the worker globals set; ``partial`` becomes ``out`` only when the body
+    finishes, and is deleted when it does not (Ctrl-C included), so ``out`` is never half written."""
+    global _INPUTS, _SEED
+    _INPUTS, _SEED = inputs, seed
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        _INPUTS = None
+    _finish_out(partial, out)
+
+
 @lru_cache(maxsize=2)
 def _file_pool(spec: str, tokenizer: str | None, on_bad: str) -> tuple[ParagraphPool, list[int]]:
     """A file pool and its paragraph token costs, computed once per process (the slowest setup step)."""
@@ -258,7 +274,6 @@ def _load_summary(report: LoadReport, inputs: Inputs, dataset: str) -> dict[str,
 
 def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
     """Build a training set (PARSER recipe) into ``out``. Returns the statistics written to the card."""
-    global _INPUTS, _SEED
     out = Path(out)
     spec = PackSpec(
         num_paragraphs=None if cfg.max_tokens else cfg.num_paragraphs, max_tokens=cfg.max_tokens, shuffle=cfg.shuffle
@@ -287,8 +302,7 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
         "tokenizer": inputs.counter.name,
         "token_count_method": "per-paragraph sum (verified exact)" if inputs.counter.additive else "whole-context",
     }
-    _INPUTS, _SEED = inputs, cfg.seed
-    try:
+    with _publishing(partial, out, inputs, cfg.seed):
         stats = _write_subset(
             subset, cfg.workers, cfg.jsonl, _fingerprint(recipe | {"source": cfg.source, "pool": cfg.pool})
         )
@@ -297,12 +311,6 @@ def build_dataset(cfg: BuildConfig, out: str | Path) -> dict[str, Any]:
             json.dumps({"recipe": recipe, "source": load, "stats": stats}, indent=2, default=str) + "\n"
         )
         (partial / "README.md").write_text(render_card("coordrl training set", recipe, load, [("train", stats)]))
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        _INPUTS = None
-    _finish_out(partial, out)
     return stats
 
 
@@ -333,7 +341,6 @@ def subset_folder_name(variant: str) -> str:
 
 def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
     """Evaluation sweep: the same questions at every length, plus the robustness controls."""
-    global _INPUTS, _SEED
     out = Path(out)
     lengths = sorted(set(int(x) for x in cfg.lengths))
     if not lengths or min(lengths) < 1:
@@ -362,9 +369,8 @@ def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
         "tokenizer": inputs.counter.name,
         "token_count_method": "per-paragraph sum (verified exact)" if inputs.counter.additive else "whole-context",
     }
-    _INPUTS, _SEED = inputs, cfg.seed
     rows = []
-    try:
+    with _publishing(partial, out, inputs, cfg.seed):
         for name, spec in variants:
             folder = partial / subset_folder_name(name)
             folder.mkdir()
@@ -379,12 +385,6 @@ def build_sweep(cfg: SweepConfig, out: str | Path) -> dict[str, Any]:
         }
         (partial / "sweep.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         (partial / "README.md").write_text(render_card("coordrl evaluation sweep", recipe, load, rows))
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        _INPUTS = None
-    _finish_out(partial, out)
     return manifest
 
 
