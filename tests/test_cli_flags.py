@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from coordrl.cli import build_parser, main
@@ -47,3 +49,37 @@ def test_activation_is_offered_by_eval_and_answer(capsys):
     with pytest.raises(SystemExit) as e:
         main(["answer", "--policy", "scripted", "--document", "-", "--question", "q", "--activation", "sometimes"])
     assert e.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def hmars_export(tmp_path):
+    """A folder `resolve_policy` reads as an exported hmars policy: its settings are refused before
+    any weights load, so empty weight files do."""
+    folder = tmp_path / "hmars-policy"
+    folder.mkdir()
+    (folder / "coordrl_policy.json").write_text(json.dumps({"protocol": "hmars", "env": {}}))
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--activation", "routed"), ("--chunk-overlap-tokens", "16"), ("--reader-model", "m")]
+)
+def test_parser_reader_flags_are_refused_for_hmars_policies(hmars_export, tmp_path, capsys, flag, value):
+    # eval used to drop --activation / --chunk-overlap-tokens for an hmars policy and run without them.
+    data = tmp_path / "ds"
+    assert main(["data", "build", "--out", str(data), "--num-paragraphs", "12", "--num-samples", "1"]) == 0
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Ann was born in Oslo.")
+    commands = {
+        "eval": ["eval", "--policy", str(hmars_export), "--data", str(data), "--out", str(tmp_path / "out")],
+        "answer": ["answer", "--policy", str(hmars_export), "--document", str(doc), "--question", "Where?"],
+    }
+    for name, argv in commands.items():
+        capsys.readouterr()
+        assert main([*argv, flag, value]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("coordrl: error: ") and f"{flag} (" in err and "hmars policy does not use" in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # refused before the run started

@@ -11,6 +11,7 @@ it, so adding a protocol is one registration here, not a branch in every layer a
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,20 +168,20 @@ def _parser_eval_settings(
     return out
 
 
-def _hmars_eval_settings(
-    readers: str | None,
-    reader_model: str | None,
-    max_turns: int | None,
-    chunk_tokens: int | None,
-    chunk_overlap_tokens: int | None = None,
-    activation: str | None = None,
-) -> dict[str, Any]:
-    """HMARS keeps its recorded regions, pages and frozen roles; PARSER's reader arguments do not apply."""
-    given = (chunk_overlap_tokens, activation)
-    if (readers not in (None, "lexical")) or reader_model or chunk_tokens or any(v is not None for v in given):
+def _hmars_eval_settings(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """HMARS keeps its recorded regions, pages and frozen roles: of `_parser_eval_settings`'s
+    arguments (taken in its order) only ``max_turns`` applies, and the PARSER settings given are
+    refused by name, so that a flag such as ``--activation`` is never silently ignored."""
+    given = inspect.signature(_parser_eval_settings).bind(*args, **kwargs).arguments
+    wrong = [
+        f"--{name.replace('_', '-')} ({name}={value!r})"
+        for name, value in given.items()
+        if name != "max_turns" and value is not None and not (name == "readers" and value == "lexical")
+    ]
+    if wrong:
         raise ValueError(
-            "readers / reader_model / chunk_tokens / chunk_overlap_tokens / activation are PARSER settings; set the frozen roles and regions "
-            "through the HMARS settings instead (e.g. selector=URL, c_sub=N)"
+            f"{', '.join(wrong)}: PARSER reader setting(s), which an hmars policy does not use; set the frozen "
+            "roles and regions through the HMARS settings instead (--hmars KEY=VALUE, e.g. selector=URL, c_sub=N)"
         )
     return {}
 

@@ -686,20 +686,14 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         except ValueError as e:  # the recorded base model is gone: one line naming it
             raise PolicyError(f"--baseline prompted: {source.spec} records a base {e}") from None
     try:
-        # Round caps and chunk sizes are reader settings; HMARS regions and pages come from the recorded env.
-        reader_args = (
-            {
-                "max_turns": cfg.max_turns,
-                "chunk_tokens": cfg.chunk_tokens,
-                "chunk_overlap_tokens": cfg.chunk_overlap_tokens,
-                "activation": cfg.activation,
-            }
-            if protocol.uses_readers
-            else {}
-        )
+        # Round caps and chunk sizes are reader settings with evaluation defaults; HMARS regions and
+        # pages come from the recorded env. The overlap and the activation have no default here, so
+        # they always go to the protocol, which refuses them for HMARS instead of dropping them.
+        reader_args = {"max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens} if protocol.uses_readers else {}
         env_config = source.env_config(
-            readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args
-        )
+            readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args,
+            chunk_overlap_tokens=cfg.chunk_overlap_tokens, activation=cfg.activation,
+        )  # fmt: skip
         if cfg.baseline != "fullcontext" and protocol.uses_readers:
             from coordrl.readers.fleet import make_fleet
 
