@@ -40,9 +40,9 @@ def test_rollout_offers_only_what_it_runs(capsys):
     assert e.value.code == 2 and "--protocol" in capsys.readouterr().err
 
 
-def test_activation_is_offered_by_eval_and_answer(capsys):
-    _same("--activation", ("eval", "answer"))
-    for command in ("eval", "answer"):
+def test_activation_is_offered_by_rollout_eval_and_answer(capsys):
+    _same("--activation", ("rollout", "eval", "answer"))
+    for command in ("rollout", "eval", "answer"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "--activation {all,routed}" in capsys.readouterr().out
@@ -83,3 +83,17 @@ def test_parser_reader_flags_are_refused_for_hmars_policies(hmars_export, tmp_pa
         assert err.startswith("coordrl: error: ") and f"{flag} (" in err and "hmars policy does not use" in err, err
         assert "Traceback" not in err
     assert not (tmp_path / "out").exists()  # refused before the run started
+
+
+def test_rollout_activation_reaches_the_environment(tmp_path, capsys):
+    data = tmp_path / "ds"
+    assert main(["data", "build", "--out", str(data), "--num-paragraphs", "60", "--num-samples", "1"]) == 0
+    infos = {}
+    for activation in (None, "routed"):
+        flags = ["--activation", activation] if activation else []
+        capsys.readouterr()
+        assert main(["rollout", "--data", str(data), "--chunk-tokens", "64", "--json", *flags]) == 0
+        infos[activation] = json.loads(capsys.readouterr().out)["info"]
+    chunks = infos[None]["chunks"]
+    assert chunks > 16 and infos[None]["activated_chunks_per_query"] == chunks  # default: every chunk reader
+    assert 0 < infos["routed"]["activated_chunks_per_query"] <= 16  # bm25 top-8 + summary top-8

@@ -60,8 +60,8 @@ def add_chunk_overlap_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_activation_flag(p: argparse.ArgumentParser) -> None:
-    """``--activation`` of ``eval`` and ``answer``: which PARSER chunk readers a query wakes, so a policy
-    trained with one activation can be evaluated or run with the other."""
+    """``--activation`` of ``rollout``, ``eval`` and ``answer``: which PARSER chunk readers a query wakes,
+    so a policy trained with one activation can be evaluated or run with the other."""
     p.add_argument("--activation", choices=ACTIVATIONS, default=None,
                    help="PARSER readers a query wakes: 'all' (every chunk reader) or 'routed' (the chunks the routing "
                    "pathways propose, with the policy's recorded route_* settings, else BM25 and summary top-8) "

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.cli.args import UsageError, add_chunk_overlap_flag, add_reader_flags, reader_limits
+from coordrl.cli.args import UsageError, add_activation_flag, add_chunk_overlap_flag, add_reader_flags, reader_limits
 from coordrl.cli.args import positive_int as _positive
 from coordrl.data.errors import DataError
 
@@ -210,6 +210,8 @@ def _rollout_episode(args: argparse.Namespace):
             chunk_tokens=args.chunk_tokens,
             chunk_overlap_tokens=args.chunk_overlap_tokens or 0,
             max_turns=args.max_turns,
+            # No policy settings are recorded here: without --activation the environment's default holds.
+            **({"activation": args.activation} if args.activation is not None else {}),
             **reader_limits(args),
         )
         factory = ParserEnvFactory(config, tokenizer=tokenizer)
@@ -311,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
     add_chunk_overlap_flag(rollout)
+    add_activation_flag(rollout)
     add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
