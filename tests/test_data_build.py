@@ -247,6 +247,34 @@ def test_hub_layout_records_parse():
     assert parse_record(hub, "hotpotqa", 0) == parse_record(raw, "hotpotqa", 0)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("context", "oops", "context must be a list or dict, got str"),
+        ("context", [["T", ["s"], "extra"]], "each context entry must be [title, [sentences]]"),
+        ("context", {"title": ["T"], "sentences": []}, "context dict needs equal-length 'title' and 'sentences'"),
+        ("supporting_facts", 3, "supporting_facts must be a list or dict, got int"),
+        ("supporting_facts", ["T"], "each supporting fact must be [title, sentence_index]"),
+        ("supporting_facts", {"title": ["T"]}, "supporting_facts dict needs equal-length 'title' and 'sent_id'"),
+    ],
+)
+def test_bad_context_and_supporting_facts_layouts_are_named(field, value, message):
+    from coordrl.data.records import parse_record
+
+    raw = _good_raw()[0] | {field: value}
+    with pytest.raises(BadRecordError, match="bad_structure") as err:
+        parse_record(raw, "hotpotqa", 0)
+    assert message in str(err.value)
+
+
+def test_hub_context_may_call_its_sentences_content():
+    from coordrl.data.records import parse_record
+
+    raw = _good_raw()[0]
+    hub = raw | {"context": {"title": [t for t, _ in raw["context"]], "content": [s for _, s in raw["context"]]}}
+    assert parse_record(hub, "hotpotqa", 0) == parse_record(raw, "hotpotqa", 0)
+
+
 def test_2wikimultihopqa_sample_builds(tmp_path):
     out = tmp_path / "wiki"
     build_dataset(BuildConfig(source="sample", dataset="2wikimultihopqa", num_samples=10, num_paragraphs=50), out)

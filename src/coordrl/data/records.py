@@ -151,20 +151,26 @@ def iter_raw_records(spec: str, dataset: str) -> Iterator[Any]:
         yield from _iter_file(Path(spec))
 
 
+def _title_pairs(value: Any, field: str, second: tuple[str, ...], entry: str) -> list[tuple[Any, Any]]:
+    """``(title, second)`` pairs of a record's ``field`` in either layout: the official list of
+    ``[title, second]`` entries, or the hub's dict of two equal-length lists (``title`` and the first
+    of the ``second`` keys it holds). ValueError naming ``field`` (``entry``: a bad list entry)."""
+    if isinstance(value, Mapping):
+        titles = value.get("title")
+        seconds = next((value[key] for key in second if key in value), None)
+        if not isinstance(titles, list) or not isinstance(seconds, list) or len(titles) != len(seconds):
+            raise ValueError(f"{field} dict needs equal-length 'title' and '{second[0]}' lists")
+        return list(zip(titles, seconds, strict=True))
+    if isinstance(value, list):
+        if not all(isinstance(item, (list, tuple)) and len(item) == 2 for item in value):
+            raise ValueError(entry)
+        return [(item[0], item[1]) for item in value]
+    raise ValueError(f"{field} must be a list or dict, got {type(value).__name__}")
+
+
 def _context_pairs(ctx: Any) -> list[tuple[str, list[str]]]:
-    if isinstance(ctx, Mapping):  # hub layout: {"title": [...], "sentences": [[...], ...]}
-        titles, sentences = ctx.get("title"), ctx.get("sentences", ctx.get("content"))
-        if not isinstance(titles, list) or not isinstance(sentences, list) or len(titles) != len(sentences):
-            raise ValueError("context dict needs equal-length 'title' and 'sentences' lists")
-        pairs = list(zip(titles, sentences, strict=True))
-    elif isinstance(ctx, list):
-        pairs = []
-        for item in ctx:
-            if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise ValueError("each context entry must be [title, [sentences]]")
-            pairs.append((item[0], item[1]))
-    else:
-        raise ValueError(f"context must be a list or dict, got {type(ctx).__name__}")
+    # Hub layout: {"title": [...], "sentences": [[...], ...]} ("content" in some copies).
+    pairs = _title_pairs(ctx, "context", ("sentences", "content"), "each context entry must be [title, [sentences]]")
     out = []
     for title, sents in pairs:
         if not isinstance(title, str) or not title.strip():
@@ -176,19 +182,8 @@ def _context_pairs(ctx: Any) -> list[tuple[str, list[str]]]:
 
 
 def _supporting_pairs(sf: Any) -> list[tuple[str, int]]:
-    if isinstance(sf, Mapping):  # hub layout: {"title": [...], "sent_id": [...]}
-        titles, ids = sf.get("title"), sf.get("sent_id")
-        if not isinstance(titles, list) or not isinstance(ids, list) or len(titles) != len(ids):
-            raise ValueError("supporting_facts dict needs equal-length 'title' and 'sent_id' lists")
-        pairs = list(zip(titles, ids, strict=True))
-    elif isinstance(sf, list):
-        pairs = []
-        for item in sf:
-            if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise ValueError("each supporting fact must be [title, sentence_index]")
-            pairs.append((item[0], item[1]))
-    else:
-        raise ValueError(f"supporting_facts must be a list or dict, got {type(sf).__name__}")
+    # Hub layout: {"title": [...], "sent_id": [...]}.
+    pairs = _title_pairs(sf, "supporting_facts", ("sent_id",), "each supporting fact must be [title, sentence_index]")
     out = []
     for title, idx in pairs:
         if not isinstance(title, str) or isinstance(idx, bool) or not isinstance(idx, int):
