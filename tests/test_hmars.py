@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -137,6 +138,24 @@ def test_build_indexes_caches_resumes_and_cli(data_dir, samples, tok, tmp_path, 
     f = HmarsEnvFactory(HmarsEnvConfig(**SMALL, index_cache=str(cache)), tokenizer=tok)
     f().reset(**samples[0])
     assert f.index_cache.disk_hits == 1 and f.index_cache.misses == 0
+
+
+def test_index_flags_reach_the_index_settings_by_name():
+    # `coordrl index` takes its settings by field name: a flag named unlike its field would be dropped.
+    parser = argparse.ArgumentParser()
+    add_index_parser(parser.add_subparsers(dest="command"))
+    flags = ["--c-sub", "2048", "--page-tokens", "256", "--group-size", "3", "--tokenizer", "tok", "--writer",
+             "http://w:8000/v1", "--writer-model", "m", "--writer-api-key-env", "KEY"]  # fmt: skip
+    args = parser.parse_args(["index", "--data", "d", "--cache", "c", *flags])
+    run_flags = {"command", "func", "data", "cache", "concurrency", "limit", "break_lock"}
+    assert set(vars(args)) - run_flags <= {f.name for f in dataclasses.fields(IndexSettings)}
+    assert IndexSettings.of(args) == IndexSettings(
+        c_sub=2048, page_tokens=256, group_size=3, tokenizer="tok", writer="http://w:8000/v1", writer_model="m",
+        writer_api_key_env="KEY",
+    )  # fmt: skip
+    # The environment's config hands its index part over the same way; settings it lacks keep their defaults.
+    config = HmarsEnvConfig(c_sub=2048, page_tokens=256, writer_max_tokens=64, tokenizer="tok")
+    assert config.index_settings() == IndexSettings(c_sub=2048, page_tokens=256, writer_max_tokens=64, tokenizer="tok")
 
 
 # -- the environment ------------------------------------------------------------------------------

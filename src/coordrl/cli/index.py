@@ -11,15 +11,7 @@ __all__ = ["add_index_parser"]
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    settings = IndexSettings(
-        c_sub=args.c_sub,
-        page_tokens=args.page_tokens,
-        group_size=args.group_size,
-        tokenizer=args.tokenizer,
-        writer=args.writer,
-        writer_model=args.writer_model,
-        writer_api_key_env=args.writer_api_key_env,
-    )
+    settings = IndexSettings.of(args)  # the index flags are named after the settings' fields
 
     # One indexing run per cache folder: two would build the same keys and race on their files.
     with RunLock(args.cache, what="--cache", break_lock=args.break_lock):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from coordrl.data.errors import DataError
@@ -99,7 +99,7 @@ class HmarsEnvConfig:
     def index_settings(self) -> IndexSettings:
         """The index part of these settings: every `IndexSettings` field this config also has (the
         rest, e.g. lexical card sizes, keep their defaults)."""
-        return IndexSettings(**{f.name: getattr(self, f.name) for f in fields(IndexSettings) if hasattr(self, f.name)})
+        return IndexSettings.of(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

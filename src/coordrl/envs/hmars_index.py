@@ -28,7 +28,7 @@ import re
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,12 @@ class IndexSettings:
             raise DataError(f"group_size must be positive, got {self.group_size}")
         if not self.is_lexical and not self.writer_model:
             raise DataError("a writer URL needs the served model name (--writer-model)")
+
+    @classmethod
+    def of(cls, settings: object) -> IndexSettings:
+        """The index part of ``settings`` (a wider config, or a command line's flags): every field
+        of this class it has an attribute of, by name; the others keep their defaults."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)})
 
     @property
     def is_lexical(self) -> bool:
