@@ -32,6 +32,20 @@ def test_policy_flags_are_one_declaration(flag):
     _same(flag, ("eval", "answer"))
 
 
+@pytest.mark.parametrize("flag", ["--temperature", "--seed"])
+def test_sampling_flags_are_one_declaration(flag):
+    _same(flag, ("rollout", "eval"))
+
+
+def test_break_lock_names_the_folder_each_command_locks():
+    helps = {c: _actions(c)["--break-lock"].help for c in ("eval", "train", "index")}
+    assert helps == {
+        "eval": "take over --out's lock left by a run on another host",
+        "train": "take over output_dir's lock left by a run on another host",
+        "index": "take over --cache's lock left by a run on another host",
+    }
+
+
 def test_rollout_offers_only_what_it_runs(capsys):
     # HMARS episodes run through `answer` and `eval`; rollout no longer offers a protocol it refuses.
     assert "--protocol" not in _actions("rollout")

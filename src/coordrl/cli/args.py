@@ -68,6 +68,18 @@ def add_activation_flag(p: argparse.ArgumentParser) -> None:
                    "(default: the policy's recorded setting, else all)")  # fmt: skip
 
 
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """``--temperature`` and ``--seed`` of ``rollout`` and ``eval``: how the policy samples its turns."""
+    p.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (default 0: greedy)")
+    p.add_argument("--seed", type=int, default=0, help="policy sampling seed (default 0)")
+
+
+def add_break_lock_flag(p: argparse.ArgumentParser, locked: str) -> None:
+    """``--break-lock`` of the commands that hold a lock on their output folder ``locked`` while they
+    run (`coordrl.rundir.RunLock`): a lock left by a run on another host is never taken over silently."""
+    p.add_argument("--break-lock", action="store_true", help=f"take over {locked}'s lock left by a run on another host")
+
+
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
     """Where the policy of ``eval`` and ``answer`` runs: ``--policy-url`` (an OpenAI-compatible server,
     e.g. ``vllm serve EXPORT``) with ``--served-model``, else in-process on ``--device``; and its

@@ -8,9 +8,11 @@ from pathlib import Path
 from coordrl.cli.args import (
     UsageError,
     add_activation_flag,
+    add_break_lock_flag,
     add_chunk_overlap_flag,
     add_policy_flags,
     add_reader_flags,
+    add_sampling_flags,
     parse_settings,
 )
 from coordrl.cli.args import positive_int as _positive
@@ -99,8 +101,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="reference habit: leave failed requests out of the denominator (default: they score 0)",
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--temperature", type=float, default=0.0, help="policy temperature (default 0: greedy)")
     p.add_argument(
         "--max-completion-tokens",
         type=_positive,
@@ -116,7 +116,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--compare", nargs="+", default=None, metavar="OUT", help="compare earlier eval folders instead of running one"
     )
-    p.add_argument("--break-lock", action="store_true", help="take over --out's lock left by a run on another host")
+    add_break_lock_flag(p, "--out")
+    add_sampling_flags(p)
     add_chunk_overlap_flag(p)
     add_activation_flag(p)
     add_reader_flags(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from coordrl.cli.args import add_break_lock_flag
 from coordrl.envs.hmars_index import IndexSettings, build_indexes
 from coordrl.rundir import RunLock
 
@@ -46,6 +47,6 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     p.add_argument("--concurrency", type=int, default=4, help="documents in flight (default 4)")
     p.add_argument("--limit", type=int, default=None, help="index only the first N samples")
-    p.add_argument("--break-lock", action="store_true", help="take over --cache's lock left by a run on another host")
+    add_break_lock_flag(p, "--cache")
     p.set_defaults(func=_cmd_index)
     return p

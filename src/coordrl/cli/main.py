@@ -19,7 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordrl import __version__
-from coordrl.cli.args import UsageError, add_activation_flag, add_chunk_overlap_flag, add_reader_flags, reader_limits
+from coordrl.cli.args import (
+    UsageError,
+    add_activation_flag,
+    add_break_lock_flag,
+    add_chunk_overlap_flag,
+    add_reader_flags,
+    add_sampling_flags,
+    reader_limits,
+)
 from coordrl.cli.args import positive_int as _positive
 from coordrl.data.errors import DataError
 
@@ -289,9 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete another run's checkpoints, final model and traces in output_dir first",
     )
-    train.add_argument(
-        "--break-lock", action="store_true", help="take over output_dir's lock left by a run on another host"
-    )
+    add_break_lock_flag(train, "output_dir")
     train.set_defaults(func=_cmd_train)
 
     rollout = sub.add_parser(
@@ -306,14 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument(
         "--max-turns", type=_positive, default=12, help="tool rounds allowed (default 12, the evaluation cap)"
     )
-    rollout.add_argument(
-        "--temperature", type=float, default=0.0, help="policy sampling temperature (default 0: greedy)"
-    )
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
-    rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
     add_chunk_overlap_flag(rollout)
     add_activation_flag(rollout)
+    add_sampling_flags(rollout)
     add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
