@@ -203,3 +203,74 @@ def test_rule_answerer_follows_the_chain_and_never_guesses(splits):
     assert answer_from_evidence(row["question"], text(p2, p1)) == row["answers"][0]
     assert answer_from_evidence(row["question"], text(p1)) == READER_UNKNOWN
     assert answer_from_evidence("What is the capital of France?", text(p1, p2)) == READER_UNKNOWN
+
+
+# -- training on the HMARS world: the rule answer role by config, demonstrations, train data ----------
+
+
+def test_answerer_rule_in_the_config_answers_from_the_selected_pages(splits, tok):
+    from coordrl.envs.hmars_roles import RuleAnswerer
+
+    f = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "answerer": "rule"}), tokenizer=tok)
+    try:
+        assert isinstance(f.backends.answerer, RuleAnswerer)
+        row = next(r for r in splits["heldout"] if r["type"] == "bridge")
+        for kind, em in (("good", 1.0), ("first_hop", 0.0)):
+            env = f()
+            env.reset(**row)
+            asyncio.run(env.broadcast(*scripted_broadcast(kind, row, env.index)))
+            assert env.get_reward() == em
+            assert env.answer == (row["answers"][0] if em else READER_UNKNOWN)
+        assert f.backends.answerer.calls == 2
+    finally:
+        f.close()
+
+
+def test_demonstrations_render_the_broadcast_and_the_reported_answer_with_loss_on_assistant_turns(splits, tok):
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
+
+    codec, f = ChatCodec(tok), make_hmars_env_factory(tok)
+    try:
+        row = next(r for r in splits["train"] if r["type"] == "comparison")
+        for kind, answer in (("good", row["answers"][0]), ("misrouted", READER_UNKNOWN)):
+            ids, mask = hmars_demo_ids(row, kind, codec, f)
+            assert len(ids) == len(mask)
+            learned = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+            seen = tok.decode(ids)
+            assert '"name": "broadcast"' in learned and f"<answer> {answer}</answer>" in learned
+            # The prompt (question, memory) and the tool result are in the sequence but never learned.
+            assert row["question"] in seen and row["question"] not in learned
+            assert "<tool_response>" in seen and "<tool_response>" not in learned
+    finally:
+        f.close()
+
+
+def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_page_sizes_are_refused(tmp_path, tok):
+    from coordrl.train.config import ConfigError, load_config
+    from coordrl.train.run import _check_world_layout, _dataset
+
+    cfg = load_config(
+        "configs/hmars_world_cpu.yaml",
+        {"output_dir": str(tmp_path), "world_train_size": "12", "world_heldout_size": "4"},
+    )
+    _check_world_layout(cfg)
+    train = _dataset("hmars_world", cfg.coord, tmp_path, "train", tokenizer=tok)
+    held = _dataset("hmars_world", cfg.coord, tmp_path, "eval", tokenizer=tok)
+    assert (len(train), len(held)) == (12, 4)
+    assert train[0]["prompt"][0]["content"] == cfg.coord.system_prompt
+    # The rows are the ones hmars_world_splits lays out with that tokenizer: every needed document
+    # lies on one sub-agent under the configured regions and pages.
+    expected = hmars_world_splits(12, 4, seed=0, tokenizer=tok)
+    assert [r["context"] for r in held] == [r["context"] for r in expected["heldout"]]
+    f = HmarsEnvFactory(cfg.env_config(), tokenizer=tok)
+    try:
+        env = f()
+        env.reset(**train[0])
+        assert len(set(owners(expected["train"][0], env.index))) == 2
+    finally:
+        f.close()
+    block = {**cfg.coord.hmars, "page_tokens": 128}
+    bad = load_config("configs/hmars_world_cpu.yaml", {"output_dir": str(tmp_path), "hmars": block})
+    with pytest.raises(ConfigError, match=r"hmars\.page_tokens"):
+        _check_world_layout(bad)

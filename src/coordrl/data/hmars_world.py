@@ -58,6 +58,7 @@ from coordrl.data.world_reader import READER_UNKNOWN, chunk_facts
 
 __all__ = [
     "HMARS_WORLD_ENV",
+    "HMARS_WORLD_SYSTEM_PROMPT",
     "MAX_TITLES",
     "N_DOCS",
     "answer_from_evidence",
@@ -87,6 +88,15 @@ HMARS_WORLD_ENV: dict[str, Any] = {
     "lexical_select_threshold": 0.5,
     "memory_card_summaries": True,
 }
+# The mid-agent's system prompt on this world (`configs/hmars_world_cpu.yaml`, the HMARS warm start):
+# short, because the tiny world policy reads it at every step and the protocol's own prompt is written
+# for general documents.
+HMARS_WORLD_SYSTEM_PROMPT = (
+    "You direct sub-agents (s0, s1, ...) that read a document you cannot see; after the question comes "
+    "their memory. Call broadcast once. interpretation: the questions that answer it, naming the bridge "
+    "entity. hints: each question for the sub-agent that holds its name. Then reply with the answer "
+    "inside <answer></answer>."
+)
 N_DOCS = 16  # documents per question: its own 7 and 9 filler documents
 MAX_TITLES = 6  # documents per sub-agent at most: the lexical regional memory shows six entities per sub-agent
 LAYOUT_TRIES = 2000

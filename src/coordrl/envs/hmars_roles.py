@@ -9,18 +9,20 @@ per sub-agent and one `Answer`, counting failures and unparseable replies instea
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordrl.data.hmars_world import answer_from_evidence
 from coordrl.envs.hmars_config import _SUB_ID, HmarsEnvConfig
 from coordrl.envs.hmars_index import Page, make_chat_endpoint, parse_json_object
 from coordrl.envs.hmars_prompts import selector_messages
+from coordrl.readers.base import ReaderResult
 from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences
 from coordrl.readers.prompt import sanitize_reader_text
-from coordrl.rewards.extract import extract_answer
+from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
 
-__all__ = ["Answer", "Backends", "Selection"]
+__all__ = ["RULE_ANSWERER", "Answer", "Backends", "RuleAnswerer", "Selection"]
 
 
 @dataclass
@@ -45,6 +47,37 @@ class Answer:
     parse_failed: bool = False
 
 
+RULE_ANSWERER = "rule"
+
+
+class RuleAnswerer:
+    """The ``answerer: rule`` role: a model-free answer model for the HMARS world
+    (`coordrl.data.hmars_world`), with the chat endpoint's interface (``chat``, ``aclose``).
+
+    It reads the answer prompt `answer_messages` builds (``Evidence: ... Question: ...``) and replies
+    ``<answer>...</answer>`` with `answer_from_evidence`: the world's fact sentences of the selected
+    pages, followed along the question's chain, ``Unknown`` when a fact is missing. Nothing is guessed,
+    so its exact match says whether the mid-agent's broadcast got the evidence selected; on any other
+    data it answers ``Unknown``.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(
+        self, conversations: Sequence[Sequence[Mapping[str, str]]], keys: Sequence[str] | None = None
+    ) -> list[ReaderResult]:
+        out = []
+        for messages in conversations:
+            self.calls += 1
+            evidence, _, question = messages[-1]["content"].rpartition("\n\nQuestion: ")
+            out.append(ReaderResult(f"{ANSWER_OPEN}{answer_from_evidence(question, evidence)}{ANSWER_CLOSE}"))
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
 class Backends:
     """The frozen roles shared by every environment of a factory: one endpoint (one connection
     pool) per model role, and one lexical scorer whose page indexes are reused across rollouts."""
@@ -63,8 +96,12 @@ class Backends:
         self.selector = make_chat_endpoint(
             c.selector, c.selector_model, c.selector_api_key_env, max_tokens=c.selector_max_tokens, **common
         )
-        self.answerer = make_chat_endpoint(
-            c.answerer, c.answerer_model, c.answerer_api_key_env, max_tokens=c.answerer_max_tokens, **common
+        self.answerer = (
+            RuleAnswerer()
+            if c.answerer.strip() == RULE_ANSWERER
+            else make_chat_endpoint(
+                c.answerer, c.answerer_model, c.answerer_api_key_env, max_tokens=c.answerer_max_tokens, **common
+            )
         )
         self.lexical = LexicalReader(threshold=0.0)
 

@@ -18,8 +18,8 @@ they show what a broadcast with the right content does, not what a mid-agent can
 `MidAgentEnv.reset` returns: the regional memory and, with ``memory_card_summaries`` (on in
 `HMARS_WORLD_ENV`), each sub-agent's card summary.
 
-`RuleAnswerer` stands in for the answer model (an object with the chat endpoint's ``chat`` and
-``aclose``): it answers from the evidence pages in the answer prompt with
+`RuleAnswerer` (``answerer: rule``, `coordrl.envs.hmars_roles`) stands in for the answer model: it
+answers from the evidence pages in the answer prompt with
 `coordrl.data.hmars_world.answer_from_evidence`, through the environment's own answer step
 (`answer_messages`, ``<answer>`` parsing, exact match). The lexical answerer of the CPU config
 replies with a whole sentence, so its exact match on this world is 0 whatever the evidence.
@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coordrl.data.hmars_world import (
-    answer_from_evidence,
     document_number,
     needed_queries,
     needed_titles,
@@ -40,8 +39,7 @@ from coordrl.data.hmars_world import (
 )
 from coordrl.data.world import q_city, q_decade, q_director
 from coordrl.envs.hmars_index import DocumentIndex
-from coordrl.readers.base import ReaderResult
-from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
+from coordrl.envs.hmars_roles import RuleAnswerer
 
 __all__ = [
     "SCRIPTED",
@@ -141,31 +139,9 @@ def broadcast_from_memory(question: str, memory: str) -> tuple[str, dict[str, st
 # -- the rule answer role -------------------------------------------------------------------------
 
 
-class RuleAnswerer:
-    """A model-free answer model: the chat endpoint interface (``chat``, ``aclose``) over
-    `answer_from_evidence`. It reads the answer prompt `answer_messages` builds (``Evidence: ...
-    Question: ...``) and replies ``<answer>...</answer>``."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def chat(
-        self, conversations: Sequence[Sequence[Mapping[str, str]]], keys: Sequence[str] | None = None
-    ) -> list[ReaderResult]:
-        out = []
-        for messages in conversations:
-            self.calls += 1
-            user = messages[-1]["content"]
-            evidence, _, question = user.rpartition("\n\nQuestion: ")
-            out.append(ReaderResult(f"{ANSWER_OPEN}{answer_from_evidence(question, evidence)}{ANSWER_CLOSE}"))
-        return out
-
-    async def aclose(self) -> None:
-        return None
-
-
 def use_rule_answerer(factory: Any) -> RuleAnswerer:
-    """Make ``factory``'s (an `HmarsEnvFactory`) answer role a `RuleAnswerer`; returns it."""
+    """Make ``factory``'s (an `HmarsEnvFactory`) answer role a `RuleAnswerer` (what ``answerer: rule``
+    configures); returns it."""
     answerer = RuleAnswerer()
     factory.backends.answerer = answerer
     return answerer

@@ -22,6 +22,7 @@ TINY_MODEL = "coordrl:tiny-qwen3"
 
 
 WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world
+HMARS_WORLD_MODEL = "coordrl:hmars-world-warm-start"  # the kept SFT warm start of the HMARS world's mid-agent
 
 
 def cache_dir() -> Path:
@@ -29,7 +30,8 @@ def cache_dir() -> Path:
 
 
 def resolve_model(spec: str) -> str:
-    """A model path: ``coordrl:tiny-qwen3`` is built locally once (random weights, offline)."""
+    """A model path: ``coordrl:tiny-qwen3`` is built locally once (random weights, offline); the
+    ``coordrl:*-warm-start`` names are the kept warm starts shipped in ``coordrl/resources``."""
     if spec == TINY_MODEL:
         path = cache_dir() / "models" / "tiny-qwen3-seed0"
         if not (path / "model.safetensors").exists():
@@ -37,8 +39,9 @@ def resolve_model(spec: str) -> str:
 
             build_tiny_qwen3(path, seed=0)
         return str(path)
-    if spec == WORLD_MODEL:
-        return str(Path(__file__).resolve().parents[1] / "resources" / "warm_start")
+    if spec in (WORLD_MODEL, HMARS_WORLD_MODEL):
+        folder = "warm_start" if spec == WORLD_MODEL else "hmars_warm_start"
+        return str(Path(__file__).resolve().parents[1] / "resources" / folder)
     folder = Path(spec).expanduser()
     if folder.is_dir():
         return spec

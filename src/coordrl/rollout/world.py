@@ -133,6 +133,40 @@ def demo_ids(
     return ids, mask
 
 
+def batch_actor(model, tokenizer, *, sample: bool, max_new_tokens: int):
+    """The ``act`` of `coordrl.envs.step.play` for an in-process model: one turn for every running
+    episode, generated as one left-padded batch (``sample``: temperature 1, top-k and top-p off;
+    else greedy), cut after EOS. Puts ``model`` in eval mode."""
+    import torch
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model.eval()
+    gen_kwargs = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
+
+    def act(running) -> list[list[int]]:
+        ctx = [env.context_ids for env in running]
+        width = max(map(len, ctx))
+        inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
+        att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
+        with torch.no_grad():
+            out = model.generate(
+                inp, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                **gen_kwargs,
+            )  # fmt: skip
+        turns = []
+        for row_i in range(len(running)):
+            new = out[row_i, width:].tolist()
+            if eos in new:
+                new = new[: new.index(eos) + 1]
+            else:
+                while new and new[-1] == pad:
+                    new.pop()
+            turns.append(new)
+        return turns
+
+    return act
+
+
 def evaluate_world(
     model,
     tokenizer,
@@ -160,33 +194,9 @@ def evaluate_world(
 
     codec = ChatCodec(tokenizer)
     factory = make_env_factory(tokenizer, **(env_overrides or {}))
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     torch.manual_seed(seed)
     results: list[tuple[str, float, int, int]] = []
-    model.eval()
-    gen_kwargs = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sample else {"do_sample": False}
-
-    def act(running: list[StepEnv]) -> list[list[int]]:
-        """One turn for every running episode, generated as one left-padded batch."""
-        ctx = [env.context_ids for env in running]
-        width = max(map(len, ctx))
-        inp = torch.tensor([[pad] * (width - len(c)) + c for c in ctx])
-        att = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctx])
-        with torch.no_grad():
-            out = model.generate(
-                inp, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                **gen_kwargs,
-            )  # fmt: skip
-        turns = []
-        for row_i in range(len(running)):
-            new = out[row_i, width:].tolist()
-            if eos in new:
-                new = new[: new.index(eos) + 1]
-            else:
-                while new and new[-1] == pad:
-                    new.pop()
-            turns.append(new)
-        return turns
+    act = batch_actor(model, tokenizer, sample=sample, max_new_tokens=max_new_tokens)
 
     try:
         for start in range(0, len(rows), batch_size):

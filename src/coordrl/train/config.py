@@ -37,9 +37,11 @@ class CoordConfig(ParserEnvConfig):
         model: policy: a local folder or a hub id (any Hugging Face causal LM with a chat template TRL knows).
         train_data: a dataset folder from ``coordrl data build``, or ``sample`` to build one from the
             shipped HotpotQA sample into ``<output_dir>/data/train`` (with ``sample_num_paragraphs``), or
-            ``world`` for the synthetic multi-hop world (`coordrl.data.world`, seeded by ``seed_data``).
-        eval_data (``world``): the world's held-out questions (chains never seen in training).
-        world_train_size / world_heldout_size: questions built for ``world`` data; default 4000 / 200.
+            ``world`` for the synthetic multi-hop world (`coordrl.data.world`, seeded by ``seed_data``),
+            or ``hmars_world`` for its HMARS layout (`coordrl.data.hmars_world`; ``protocol: hmars`` with
+            its region and page sizes, pages cut with the policy's tokenizer).
+        eval_data (``world``, ``hmars_world``): the world's held-out questions (chains never seen in training).
+        world_train_size / world_heldout_size: questions built for ``world`` / ``hmars_world`` data; default 4000 / 200.
         max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
         eval_data: a dataset folder for TRL's periodic evaluation (``sample``: held-out shipped
             HotpotQA train questions), or None for no evaluation.
@@ -320,7 +322,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     )  # an IntervalStrategy prints as its value
     if strategy != "no" and coord.eval_data is None:
         raise ConfigError(
-            f"eval_strategy: {strategy!r} needs eval_data (a dataset folder, 'sample' or 'world'); set eval_data, "
+            f"eval_strategy: {strategy!r} needs eval_data (a dataset folder, 'sample', 'world' or 'hmars_world'); set eval_data, "
             "or eval_strategy: no"
         )
     if coord.hmars is not None:

@@ -59,8 +59,11 @@ def _load_policy(model_path: str, spec: str):
     return tokenizer, model
 
 
-def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None):
-    """Load a built dataset folder, or build one from the shipped sample; add the ``prompt`` column."""
+def _dataset(
+    spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None, tokenizer=None
+):
+    """Load a built dataset folder, or build one (shipped sample, world, HMARS world); add the ``prompt``
+    column. ``tokenizer``: the policy's, which HMARS world pages are laid out with."""
     from coordrl.data.build import BuildConfig, build_dataset
     from coordrl.data.show import load_built
 
@@ -91,6 +94,21 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
                 root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data
             )
         spec = str(root / ("train" if split == "train" else "heldout"))
+    elif spec == "hmars_world":
+        # The HMARS world (coordrl.data.hmars_world): laid out with the policy's tokenizer, so the
+        # folder is keyed by it as well as by the seed.
+        from coordrl.data.hmars_world import build_hmars_world_dataset
+
+        root = output_dir / "data" / f"hmars-world-seed{coord.seed_data}-{_vocab_tag(tokenizer)}"
+        if not (root / "hmars_world.json").exists():
+            build_hmars_world_dataset(
+                root,
+                n_train=coord.world_train_size,
+                n_heldout=coord.world_heldout_size,
+                seed=coord.seed_data,
+                tokenizer=tokenizer,
+            )
+        spec = str(root / ("train" if split == "train" else "heldout"))
     ds = load_built(spec)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
@@ -108,6 +126,31 @@ def _dataset(spec: str | None, coord: CoordConfig, output_dir: Path, split: str,
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
     protocol, system = get_protocol(coord.protocol), system_prompt_of(coord)
     return ds.map(lambda row: {"prompt": protocol.prompt(row["question"], system)}, desc=f"prompts ({split})")
+
+
+def _vocab_tag(tokenizer) -> str:
+    """A short fingerprint of a tokenizer's vocabulary (names a folder of rows laid out with it)."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items()) if tokenizer is not None else []
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:10]
+
+
+def _check_world_layout(cfg: TrainConfig) -> None:
+    """HMARS world rows are laid out for `HMARS_WORLD_ENV`'s regions and pages; other sizes would
+    split the evidence differently than the world promises, so they are refused, naming the field."""
+    from coordrl.data.hmars_world import HMARS_WORLD_ENV
+
+    if "hmars_world" not in (cfg.coord.train_data, cfg.coord.eval_data):
+        return
+    if cfg.coord.protocol != "hmars":
+        raise ConfigError("train_data / eval_data: hmars_world is HMARS data; set protocol: hmars")
+    env = cfg.env_config()
+    for key in ("c_sub", "page_tokens", "group_size"):
+        if getattr(env, key) != HMARS_WORLD_ENV[key]:
+            raise ConfigError(
+                f"hmars.{key}: hmars_world rows are laid out for {key}={HMARS_WORLD_ENV[key]}, got {getattr(env, key)}"
+            )
 
 
 def system_prompt_of(coord: CoordConfig) -> str:
@@ -201,6 +244,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
     # The plan's batch arithmetic names the fields to change; TRL's own check (in GRPOConfig) only
     # says what is not divisible.
     check_batch(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    _check_world_layout(cfg)
     model_path = resolve_model(cfg.coord.model)
     args = GRPOConfig(**grpo_kwargs)
     tokenizer, model = _load_policy(model_path, cfg.coord.model)
@@ -208,8 +252,10 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
 
     # Rank 0 builds an on-the-fly dataset; the other ranks wait and then read it.
     with PartialState().main_process_first():
-        train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train")
-        eval_ds = _dataset(cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples)
+        train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train", tokenizer=tokenizer)
+        eval_ds = _dataset(
+            cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples, tokenizer=tokenizer
+        )
     rank = int(os.environ.get("RANK", "0"))
     trace_dir = output_dir / "traces" if cfg.coord.traces else None
     protocol = get_protocol(cfg.coord.protocol)
