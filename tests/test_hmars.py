@@ -410,6 +410,20 @@ def test_fuzzed_broadcasts_never_crash(samples, factory, tok):
             se.reset(**samples[0])
 
 
+def test_role_replies_are_counted_under_their_role_and_in_total():
+    from coordrl.envs.hmars_episode import EpisodeStats
+    from coordrl.envs.hmars_roles import Answer, Selection
+
+    ep = EpisodeStats()
+    ep.count_role_reply("selector", Selection(0, ok=False, error="timeout", model_call=True))
+    ep.count_role_reply("selector", Selection(1, pages=[2], parse_failed=True, model_call=True))
+    ep.count_role_reply("selector", Selection(2, pages=[3]))  # lexical: no endpoint
+    ep.count_role_reply("answerer", Answer("x", parse_failed=True, model_call=True))
+    assert (ep.endpoint_calls, ep.backend_errors, ep.parse_failures) == (3, 1, 2)
+    per_role = (ep.selector_errors, ep.selector_parse_failures, ep.answerer_errors, ep.answerer_parse_failures)
+    assert per_role == (1, 1, 0, 1)
+
+
 def test_failing_endpoints_are_counted_not_raised(samples, tok):
     dead = f"http://127.0.0.1:{free_port()}"
     common = {"backend_retries": 1, "backend_timeout_s": 2.0}
@@ -419,6 +433,7 @@ def test_failing_endpoints_are_counted_not_raised(samples, tok):
     info = env.info
     assert obs.count("unavailable (selector error:") == 8 and "Answer model unavailable" in obs
     assert info["backend_errors"] == 9 and info["endpoint_calls"] == 9 and info["model_calls"] == 9
+    assert (info["selector_errors"], info["answerer_errors"], info["parse_failures"]) == (8, 1, 0)
     assert info["pages_selected"] == 0 and env.get_reward() == 0.0 and env.answer is None
     # A dead card writer: the index is still built (lexical fallback), every failed call counted.
     f = _factory(tok, writer=dead, writer_model="m", **common)

@@ -48,6 +48,16 @@ class EpisodeStats:
     answer: str | None = None
     selector_inputs: list[dict[str, Any]] = field(default_factory=list)
 
+    def count_role_reply(self, role: str, reply: Selection | Answer) -> None:
+        """Count one reply of the frozen ``role`` (``selector`` or ``answerer``): whether a model
+        endpoint answered it, and its failure or unparsed output, under the role's name and in total."""
+        failed, unparsed = int(not reply.ok), int(reply.parse_failed)
+        self.endpoint_calls += int(reply.model_call)
+        setattr(self, f"{role}_errors", getattr(self, f"{role}_errors") + failed)
+        setattr(self, f"{role}_parse_failures", getattr(self, f"{role}_parse_failures") + unparsed)
+        self.backend_errors += failed
+        self.parse_failures += unparsed
+
 
 class MidAgentEpisode:
     """One HMARS mid-agent episode as a plain object: the document index, one bound region, and the
@@ -314,11 +324,7 @@ class MidAgentEpisode:
         selections = await shared_loop().run_async(self._backends.select(self._question, jobs)) if jobs else []
         for sel in selections:
             ep.selector_calls += 1
-            ep.endpoint_calls += int(sel.model_call)
-            ep.selector_errors += int(not sel.ok)
-            ep.selector_parse_failures += int(sel.parse_failed)
-            ep.backend_errors += int(not sel.ok)
-            ep.parse_failures += int(sel.parse_failed)
+            ep.count_role_reply("selector", sel)
             ep.selections[sel.subagent] = sel
         return selections
 
@@ -344,11 +350,7 @@ class MidAgentEpisode:
         ep.answer_prompt_tokens = self._count(messages)
         answer = await shared_loop().run_async(self._backends.answer(self._question, pages, messages))
         ep.answer_calls += 1
-        ep.endpoint_calls += int(answer.model_call)
-        ep.answerer_errors += int(not answer.ok)
-        ep.answerer_parse_failures += int(answer.parse_failed)
-        ep.backend_errors += int(not answer.ok)
-        ep.parse_failures += int(answer.parse_failed)
+        ep.count_role_reply("answerer", answer)
         ep.answer = answer.text if answer.ok else None
         return answer
 
