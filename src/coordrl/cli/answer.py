@@ -9,10 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from coordrl.cli.args import (
-    add_activation_flag,
-    add_chunk_overlap_flag,
+    add_parser_env_flags,
     add_policy_flags,
-    add_reader_flags,
     parse_settings,
 )
 from coordrl.cli.args import positive_int as _positive
@@ -72,9 +70,7 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="longest document accepted (default 1000000)",
     )
     p.add_argument("--json", action="store_true", help="print answer, trace, evidence and info as JSON")
-    add_chunk_overlap_flag(p)
-    add_activation_flag(p)
-    add_reader_flags(p)
+    add_parser_env_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_answer)
     return p

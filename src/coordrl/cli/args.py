@@ -80,6 +80,14 @@ def add_break_lock_flag(p: argparse.ArgumentParser, locked: str) -> None:
     p.add_argument("--break-lock", action="store_true", help=f"take over {locked}'s lock left by a run on another host")
 
 
+def add_parser_env_flags(p: argparse.ArgumentParser) -> None:
+    """The PARSER environment flags ``rollout``, ``eval`` and ``answer`` share: ``--chunk-overlap-tokens``,
+    ``--activation`` and the reader flags of :func:`add_reader_flags`."""
+    add_chunk_overlap_flag(p)
+    add_activation_flag(p)
+    add_reader_flags(p)
+
+
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
     """Where the policy of ``eval`` and ``answer`` runs: ``--policy-url`` (an OpenAI-compatible server,
     e.g. ``vllm serve EXPORT``) with ``--served-model``, else in-process on ``--device``; and its

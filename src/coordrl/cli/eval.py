@@ -7,11 +7,9 @@ from pathlib import Path
 
 from coordrl.cli.args import (
     UsageError,
-    add_activation_flag,
     add_break_lock_flag,
-    add_chunk_overlap_flag,
+    add_parser_env_flags,
     add_policy_flags,
-    add_reader_flags,
     add_sampling_flags,
     parse_settings,
 )
@@ -118,9 +116,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_break_lock_flag(p, "--out")
     add_sampling_flags(p)
-    add_chunk_overlap_flag(p)
-    add_activation_flag(p)
-    add_reader_flags(p)
+    add_parser_env_flags(p)
     add_policy_flags(p)
     p.set_defaults(func=_cmd_eval)
     return p

@@ -21,10 +21,8 @@ from pathlib import Path
 from coordrl import __version__
 from coordrl.cli.args import (
     UsageError,
-    add_activation_flag,
     add_break_lock_flag,
-    add_chunk_overlap_flag,
-    add_reader_flags,
+    add_parser_env_flags,
     add_sampling_flags,
     reader_limits,
 )
@@ -314,10 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")
-    add_chunk_overlap_flag(rollout)
-    add_activation_flag(rollout)
+    add_parser_env_flags(rollout)
     add_sampling_flags(rollout)
-    add_reader_flags(rollout)
     rollout.set_defaults(func=_cmd_rollout)
 
     from coordrl.cli.serve import add_serve_readers_parser
