@@ -289,3 +289,20 @@ def test_trainer_survives_tool_call_json_nested_too_deep(tmp_path):
     assert parse_response(tok, ok + [tok.eos_token_id], prefix=[])["tool_calls"][0]["function"]["arguments"] == {
         "queries": ["Who?"]
     }
+
+
+def test_train_closes_the_environment_factory_also_when_training_fails(tmp_path):
+    from coordrl.train.run import train
+
+    closed = []
+
+    class FailingTrainer(CoordGRPOTrainer):
+        def train(self, *args, **kwargs):
+            # Record the close of the real factory (its reader fleet and caches), then fail mid-run.
+            close = self.env_factory.close
+            self.env_factory.close = lambda: (closed.append(type(self.env_factory).__name__), close())
+            raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        train(cfg(tmp_path, max_steps=1, traces=False), trainer_cls=FailingTrainer)
+    assert closed == ["ParserEnvFactory"]

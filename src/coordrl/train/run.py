@@ -222,7 +222,8 @@ def _secret_safe_env() -> None:
 
 
 def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=None):
-    """The configured `CoordGRPOTrainer` (not yet training).
+    """The configured `CoordGRPOTrainer` (not yet training); its ``env_factory`` is the environment
+    factory, which the caller closes when done (`train` does).
 
     Args:
         trainer_cls: a `CoordGRPOTrainer` subclass to use instead (tests, benchmarks).
@@ -279,6 +280,9 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         mask_observations=cfg.coord.mask_observations,
         lockstep=cfg.coord.lockstep,
     )
+    # The factory owns the frozen roles' connection pools and caches: `train` closes it when the run
+    # ends (TRL keeps no handle on it).
+    trainer.env_factory = factory
     (output_dir).mkdir(parents=True, exist_ok=True)
     (output_dir / "coordrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str) + "\n")
     return trainer
@@ -363,7 +367,13 @@ def train(
                     "or --overwrite to delete its checkpoints, final model and traces first"
                 )
         trainer = build_trainer(cfg, **build_kwargs)
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        finally:
+            # Reader / frozen-role connection pools, also when training fails; a fleet the caller
+            # passed in stays the caller's to close.
+            if build_kwargs.get("fleet") is None:
+                trainer.env_factory.close()
         trainer.save_model(str(output_dir / "final"))
         meta = checkpoint_metadata(cfg, str(output_dir / "final"))
         (output_dir / "final" / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
