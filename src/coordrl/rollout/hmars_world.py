@@ -14,11 +14,10 @@ import json
 from typing import Any
 
 from coordrl.data.hmars_world import HMARS_WORLD_ENV, HMARS_WORLD_SYSTEM_PROMPT
-from coordrl.data.world import QUESTION_TYPES
 from coordrl.envs.hmars_prompts import hmars_prompt
 from coordrl.envs.hmars_world import scripted_broadcast
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
-from coordrl.rollout.world import batch_actor
+from coordrl.rollout.world import batch_actor, per_type_means, scripted_ids
 
 __all__ = [
     "HMARS_WORLD_POLICY_ENV",
@@ -65,19 +64,9 @@ def hmars_demo_ids(row: dict[str, Any], kind: str, codec, factory) -> tuple[list
 
     env = StepEnv(factory(), codec, max_turns=MAX_TURNS, prompt_fn=hmars_world_prompt, require_stop=False)
     env.reset(**row)
-    ids, mask = list(env.prompt_ids), [0] * len(env.prompt_ids)
-    turns = [broadcast_call_text(*scripted_broadcast(kind, row, env.env.index))]
-    for i in range(2):
-        turn = turns[i] if i < len(turns) else _answer_turn(env.env.answer)
-        before = len(env.completion_ids)
-        step = env.step(turn)
-        n_turn = len(codec.encode_turn(turn))
-        new = env.completion_ids[before:]
-        ids += new
-        mask += [1] * n_turn + [0] * (len(new) - n_turn)
-        if step.terminated or step.truncated:
-            break
-    return ids, mask
+    call = broadcast_call_text(*scripted_broadcast(kind, row, env.env.index))
+    # The broadcast, then the answer the tool reported (known only after the broadcast ran).
+    return scripted_ids(env, codec, lambda i: call if i == 0 else _answer_turn(env.env.answer) if i == 1 else None)
 
 
 def evaluate_hmars_world(
@@ -123,11 +112,4 @@ def evaluate_hmars_world(
                 results.append((row["type"], float(env.env.get_reward()), float(info.get("recall", 0.0)) * ran, ran))
     finally:
         factory.close()
-    out: dict[str, Any] = {}
-    for qtype in QUESTION_TYPES + ("all",):
-        sel = [r for r in results if qtype == "all" or r[0] == qtype]
-        if sel:
-            out[qtype] = sum(r[1] for r in sel) / len(sel)
-            out[f"{qtype}_recall"] = sum(r[2] for r in sel) / len(sel)
-            out[f"{qtype}_broadcast"] = sum(r[3] for r in sel) / len(sel)
-    return out
+    return per_type_means(results, ("", "_recall", "_broadcast"))

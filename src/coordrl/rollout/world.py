@@ -120,8 +120,18 @@ def demo_ids(
         max_completion_tokens=max_completion_tokens,
     )
     env.reset(**with_world_prompt(row))
+    turns = scripted_turns(row, good)
+    return scripted_ids(env, codec, lambda i: turns[i] if i < len(turns) else None)
+
+
+def scripted_ids(env, codec, next_turn) -> tuple[list[int], list[int]]:
+    """``(ids, loss_mask)`` of the scripted episode a reset `StepEnv` plays: ``next_turn(i)`` gives
+    assistant turn ``i`` as text (None ends the episode), read after turn ``i - 1``'s tool results.
+    Prompt ids with TRL's training template (loss 0), each assistant turn's ids (loss 1), each tool
+    round's suffix ids (loss 0)."""
     ids, mask = list(env.prompt_ids), [0] * len(env.prompt_ids)
-    for turn in scripted_turns(row, good):
+    i = 0
+    while (turn := next_turn(i)) is not None:
         before = len(env.completion_ids)
         step = env.step(turn)
         n_turn = len(codec.encode_turn(turn))
@@ -130,7 +140,20 @@ def demo_ids(
         mask += [1] * n_turn + [0] * (len(new) - n_turn)
         if step.terminated or step.truncated:
             break
+        i += 1
     return ids, mask
+
+
+def per_type_means(results: list[tuple], names: tuple[str, ...]) -> dict[str, float]:
+    """Means per question type (and ``all``) of per-episode ``(type, value, ...)`` tuples: value ``j``
+    (after the type) is reported as ``<type><names[j]>`` (``""``: the bare type)."""
+    out: dict[str, float] = {}
+    for qtype in QUESTION_TYPES + ("all",):
+        sel = [r for r in results if qtype == "all" or r[0] == qtype]
+        if sel:
+            for j, name in enumerate(names, start=1):
+                out[f"{qtype}{name}"] = sum(r[j] for r in sel) / len(sel)
+    return out
 
 
 def batch_actor(model, tokenizer, *, sample: bool, max_new_tokens: int):
@@ -222,11 +245,4 @@ def evaluate_world(
                 results.append((row["type"], r, env.tool_rounds, int(env.info.get("reader_calls", 0))))
     finally:
         factory.close()  # served readers hold connection pools
-    out: dict[str, Any] = {}
-    for qtype in QUESTION_TYPES + ("all",):
-        sel = [r for r in results if qtype == "all" or r[0] == qtype]
-        if sel:
-            out[qtype] = sum(r[1] for r in sel) / len(sel)
-            out[f"{qtype}_tool_rounds"] = sum(r[2] for r in sel) / len(sel)
-            out[f"{qtype}_reader_calls"] = sum(r[3] for r in sel) / len(sel)
-    return out
+    return per_type_means(results, ("", "_tool_rounds", "_reader_calls"))
