@@ -274,3 +274,21 @@ def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_
     bad = load_config("configs/hmars_world_cpu.yaml", {"output_dir": str(tmp_path), "hmars": block})
     with pytest.raises(ConfigError, match=r"hmars\.page_tokens"):
         _check_world_layout(bad)
+
+
+def test_learning_check_hmars_refuses_the_parser_only_options(capsys, monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_check.py"
+    spec = importlib.util.spec_from_file_location("learning_check", path)
+    check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "learning_check", check)  # its dataclasses look their module up
+    spec.loader.exec_module(check)
+    assert check.SETUPS["hmars"].config.name == "hmars_world_cpu.yaml" and check.SETUPS["hmars"].config.exists()
+    for extra in (["--readers", "vllm"], ["--ablations"]):
+        with pytest.raises(SystemExit) as exc:
+            check.main(["--protocol", "hmars", "--out", "/nonexistent/never-written", *extra])
+        assert exc.value.code == 2
+        assert "--protocol hmars" in capsys.readouterr().err
