@@ -197,20 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=2, help="torch threads (fixed, so the weights do not depend on the core count)"
     )
     a = p.parse_args(argv)
-    build(
-        Path(a.out),
-        init=Path(a.init) if a.init else None,
-        seed=a.seed,
-        steps=a.steps,
-        p_good=a.p_good,
-        n_train=a.n_train,
-        n_eval=a.n_eval,
-        lr=a.lr,
-        batch=a.batch,
-        warmup=a.warmup,
-        name_weight=a.name_weight,
-        threads=a.threads,
-    )
+    # Every other flag is a keyword of build() of the same name.
+    rest = {k: v for k, v in vars(a).items() if k not in ("out", "init")}
+    build(Path(a.out), init=Path(a.init) if a.init else None, **rest)
     return 0
 
 
