@@ -46,12 +46,12 @@ def build(
     *,
     init: Path | None = None,
     seed: int = 0,
-    steps: int = 300,
+    steps: int = 160,
     p_good: float = 0.35,
-    n_train: int = 1500,
+    n_train: int = 800,
     n_eval: int = 100,
     lr: float = 1e-3,
-    batch: int = 16,
+    batch: int = 8,
     warmup: int = 30,
     name_weight: float = 4.0,
     threads: int | None = 2,
@@ -185,12 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/hmars_warm_start")
     p.add_argument("--init", default=None, help="start from this folder (default: the shipped world warm start)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300, help="SFT steps (default 300)")
+    p.add_argument("--steps", type=int, default=160, help="SFT steps (default 160)")
     p.add_argument("--p-good", type=float, default=0.35, help="share of demonstrations with the good broadcast")
-    p.add_argument("--n-train", type=int, default=1500, help="training questions laid out (default 1500)")
+    p.add_argument("--n-train", type=int, default=800, help="training questions laid out (default 800)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out questions evaluated at the end (default 100)")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--name-weight", type=float, default=4.0)
     p.add_argument(

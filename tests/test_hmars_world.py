@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -292,3 +293,16 @@ def test_learning_check_hmars_refuses_the_parser_only_options(capsys, monkeypatc
             check.main(["--protocol", "hmars", "--out", "/nonexistent/never-written", *extra])
         assert exc.value.code == 2
         assert "--protocol hmars" in capsys.readouterr().err
+
+
+def test_kept_hmars_warm_start_resolves_and_shares_the_world_tokenizer():
+    from transformers import AutoTokenizer
+
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, resolve_model
+
+    folder = Path(resolve_model(HMARS_WORLD_MODEL))
+    meta = json.loads((folder / "coordrl_warm_start.json").read_text())
+    assert (folder / "model.safetensors").stat().st_size < 15e6
+    assert meta["p_good"] == 0.35 and meta["heldout_sampled"]["all"] < 0.5  # deliberately imperfect
+    world = AutoTokenizer.from_pretrained(resolve_model(WORLD_MODEL))
+    assert AutoTokenizer.from_pretrained(str(folder)).get_vocab() == world.get_vocab()
