@@ -5,7 +5,7 @@ Stages, each recorded in ``<out>/gpu_check.json``:
 1. ``tiny``: a few GRPO steps of the tiny random Qwen3 through ``coordrl train`` (``configs/tiny_cpu.yaml``:
    transformers generation, lexical readers, the shipped HotpotQA sample), bf16 on the GPU; passes when
    a checkpoint is written.
-2. ``shape-4b`` (then ``shape-8b`` while the time budget allows): a random-initialised model of the
+2. ``shape-4b``, ``shape-4b-full`` (then ``shape-8b`` while the time budget allows): a random-initialised model of the
    Qwen3-4B (8B) shape, trained with ``configs/parser_qwen3_4b_8xh100.yaml``'s per-device batch,
    gradient accumulation, generations and gradient checkpointing in one process: no vLLM (transformers
    generation), no DeepSpeed, lexical readers, one optimizer step. Every rollout is generated to
@@ -14,16 +14,18 @@ Stages, each recorded in ``<out>/gpu_check.json``:
    (`torch.cuda.max_memory_allocated` / ``max_memory_reserved``) and TRL's step time. Planned:
    `coordrl.train.plan.make_plan` for exactly that config on one GPU of the device's size, whose
    total is the training process's memory. Printed as ``ratio: measured/planned = R``, with reserved
-   memory as the measure (what the process takes from the GPU).
+   memory as the measure (what the process takes from the GPU). ``shape-4b-full`` trains at the
+   config's own 20,480-token completions without generating them (`random_rollouts` returns random
+   ordinary ids at once) and is compared with the plan's training phase alone.
 
 ``--cpu-smoke`` runs the same stages on the CPU with tiny shapes (the "4B" stage becomes a 2-layer,
 64-wide model, 2 rollouts of 32 tokens): the measure is then the process's peak resident memory, so
 its ratio only shows that the code path runs (CI keeps it from rotting).
 
-The rollouts are capped at ``--completion-tokens`` (default 4,096) rather than the config's 20,480:
-transformers generation of 20 sequences of 20K tokens would take most of the 10 minutes a lent GPU
-gives. The plan is computed for the same cap, so the ratio compares like with like; the plan of the
-full config is printed beside it.
+Generated rollouts are capped at ``--completion-tokens`` (default 4,096) rather than the config's
+20,480: transformers generation of 20 sequences of 20K tokens would take most of the 10 minutes a lent
+GPU gives. The plan is computed for the same cap, so the ratio compares like with like; the full
+length is measured by ``shape-4b-full``, training phase only.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def build_random_model(folder: Path, shape: dict[str, Any], cpu: bool) -> None:
 
 def shape_overrides(model: Path, out: Path, cpu: bool, completion_tokens: int) -> dict[str, Any]:
     """The PARSER 4B config, one process: no vLLM, no DeepSpeed, lexical readers, one optimizer step,
-    every rollout generated to ``completion_tokens``."""
+    every rollout ``completion_tokens`` long."""
     over: dict[str, Any] = {
         "model": str(model),
         "model_params": "null",
@@ -142,8 +144,33 @@ def shape_overrides(model: Path, out: Path, cpu: bool, completion_tokens: int) -
     return over
 
 
-def run_shape(name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: float) -> dict[str, Any]:
-    """Stage 2: one optimizer step of a random model of shape ``name``; measured against planned memory."""
+def random_rollouts(base: type, length: int, seed: int = 0) -> type:
+    """A trainer class whose generator returns ``length`` random ordinary token ids per rollout at once
+    (no EOS, no tool call): the training pass then runs at the config's full sequence length without
+    spending minutes generating it. Only the generator seam is replaced; TRL's loss, masking and
+    optimizer step run unchanged."""
+    import random
+
+    rng = random.Random(seed)
+
+    class RandomRollouts(base):
+        def _backend_generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            tok = self.processing_class
+            special = set(tok.all_special_ids)
+            ordinary = [i for i in range(len(tok)) if i not in special]
+            return [[rng.choice(ordinary) for _ in range(length)] for _ in prompt_ids], None
+
+    return RandomRollouts
+
+
+def run_shape(
+    name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: float, full_length: int | None = None
+) -> dict[str, Any]:
+    """Stage 2: one optimizer step of a random model of shape ``name``; measured against planned memory.
+
+    ``full_length``: instead of generating, every rollout is ``full_length`` random ids (`random_rollouts`),
+    and the measure is compared with the plan's training phase (overhead, weights, gradients, optimizer,
+    activations, LM head), since no generation ran."""
     import torch
 
     from coordrl.train.config import load_config
@@ -153,9 +180,12 @@ def run_shape(name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: 
 
     t0 = time.time()
     model_dir = out / f"model-{name}"
-    build_random_model(model_dir, SHAPES["smoke" if cpu else name], cpu)
+    if not (model_dir / "config.json").exists():
+        build_random_model(model_dir, SHAPES["smoke" if cpu else name], cpu)
     built_s = time.time() - t0
-    cfg = load_config(PARSER_CONFIG, shape_overrides(model_dir, out / f"run-{name}", cpu, completion_tokens))
+    tokens = full_length or completion_tokens
+    stage = f"{name}-full" if full_length else name
+    cfg = load_config(PARSER_CONFIG, shape_overrides(model_dir, out / f"run-{stage}", cpu, tokens))
     plan = make_plan(cfg, num_processes=1, gpus_per_node=1, gpu_memory_gb=gpu_gib, check=False)
     full = make_plan(
         load_config(PARSER_CONFIG, {**shape_overrides(model_dir, out, cpu, completion_tokens),
@@ -164,13 +194,15 @@ def run_shape(name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: 
     )  # fmt: skip
     seen: list[Any] = []
 
-    class Recording(CoordGRPOTrainer):
+    class Recording(random_rollouts(CoordGRPOTrainer, full_length) if full_length else CoordGRPOTrainer):
         def __init__(self, *a: Any, **k: Any) -> None:
             super().__init__(*a, **k)
             seen.append(self)
 
+    start_reserved = 0.0
     if not cpu:
         torch.cuda.reset_peak_memory_stats()
+        start_reserved = float(torch.cuda.memory_reserved())  # what earlier stages left cached (should be ~0)
     t1 = time.time()
     train(cfg, overwrite=True, trainer_cls=Recording)
     train_s = time.time() - t1
@@ -183,18 +215,25 @@ def run_shape(name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: 
         measure = "torch.cuda.max_memory_reserved"
     history = seen[0].state.log_history if seen else []
     step_times = [h["step_time"] for h in history if h.get("step_time") is not None]
-    planned = plan.memory.total
+    m = plan.memory
+    if full_length:  # no generation ran: the training phase alone
+        planned = m.overhead + sum(x for _, x, _ in m.persistent) + sum(x for _, x, _ in m.train_phase)
+    else:
+        planned = m.total
     ratio = reserved / planned
     result = {
         "shape": SHAPES["smoke" if cpu else name],
         "params": plan.model.params,
-        "config_overrides": {k: v for k, v in shape_overrides(model_dir, out, cpu, completion_tokens).items()},
+        "rollouts": f"{tokens} random ids, not generated" if full_length else f"generated, {tokens} tokens",
+        "planned_phase": "training phase" if full_length else "total (generation phase included)",
+        "config_overrides": shape_overrides(model_dir, out, cpu, tokens),
         "per_device_train_batch_size": plan.batch.per_device_train_batch_size,
         "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
         "seq_len_planned": plan.budget.seq_len,
         "measured_allocated_gib": allocated / GIB,
         "measured_reserved_gib": reserved / GIB,
         "measure": measure,
+        "reserved_at_start_gib": start_reserved / GIB,
         "planned_gib": planned / GIB,
         "planned_terms_gib": {
             "overhead": plan.memory.overhead / GIB,
@@ -209,14 +248,14 @@ def run_shape(name: str, out: Path, cpu: bool, completion_tokens: int, gpu_gib: 
         "model_build_s": round(built_s, 1),
         "train_s": round(train_s, 1),
     }
-    label = f"{name} (CPU smoke: a 2-layer stand-in)" if cpu else name
+    label = stage + (" (CPU smoke: a 2-layer stand-in)" if cpu else "")
     log(
         f"{label}: {plan.model.params / 1e6:,.1f}M params, B={result['per_device_train_batch_size']} x "
         f"{result['gradient_accumulation_steps']} accumulation, S={result['seq_len_planned']}: measured "
         f"{reserved / GIB:.2f} GiB reserved ({allocated / GIB:.2f} allocated), planned {planned / GIB:.2f} GiB "
         f"(full config: {full.memory.total / GIB:.2f}); step {result['step_time_s'] or 0:.1f}s"
     )
-    print(f"ratio: measured/planned = {ratio:.3f} ({name}{', CPU smoke' if cpu else ''})", flush=True)
+    print(f"ratio: measured/planned = {ratio:.3f} ({stage}{', CPU smoke' if cpu else ''})", flush=True)
     return result
 
 
@@ -226,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (no CUDA needed)")
     p.add_argument("--completion-tokens", type=int, default=None, help="rollout length (default 4096; smoke 32)")
     p.add_argument("--tiny-steps", type=int, default=2, help="GRPO steps of the tiny stage (default 2)")
+    p.add_argument(
+        "--full-tokens",
+        type=int,
+        default=None,
+        help="rollout length of the 4B full-length stage (default: the config's 20480; smoke 256)",
+    )
     p.add_argument(
         "--budget-s", type=float, default=420.0, help="start the 8B stage only before this many seconds (default 420)"
     )
@@ -252,20 +297,29 @@ def main(argv: list[str] | None = None) -> int:
     }
     log(f"device {device}, torch {torch.__version__}")
     tokens = a.completion_tokens or (32 if cpu else 4096)
+    full = a.full_tokens or (256 if cpu else 20480)
     report["stages"]["tiny"] = run_tiny(out, cpu, a.tiny_steps)
-    for name in ("4b", "8b"):
+    # 4B generated, 4B at the config's full length (training phase), then 8B generated if time allows.
+    for stage, name, full_length in (("shape-4b", "4b", None), ("shape-4b-full", "4b", full), ("shape-8b", "8b", None)):
         if name == "8b" and (cpu or time.time() - t0 > a.budget_s):
-            report["stages"]["shape-8b"] = {"skipped": "CPU smoke" if cpu else f"time budget ({a.budget_s:.0f}s) spent"}
+            report["stages"][stage] = {"skipped": "CPU smoke" if cpu else f"time budget ({a.budget_s:.0f}s) spent"}
             continue
         try:
-            report["stages"][f"shape-{name}"] = run_shape(name, out, cpu, tokens, gpu_gib)
+            report["stages"][stage] = run_shape(name, out, cpu, tokens, gpu_gib, full_length)
         except Exception as e:  # recorded, so the figures of the stages that ran still come back
-            report["stages"][f"shape-{name}"] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"{name}: FAILED: {type(e).__name__}: {e}")
+            report["stages"][stage] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"{stage}: FAILED: {type(e).__name__}: {e}")
+        if not cpu:
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     report["seconds"] = round(time.time() - t0, 1)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    ok = report["stages"]["tiny"]["ok"] and "error" not in report["stages"]["shape-4b"]
+    ok = report["stages"]["tiny"]["ok"] and all(
+        "error" not in report["stages"][k] for k in ("shape-4b", "shape-4b-full")
+    )
     log(f"{'OK' if ok else 'FAIL'} in {report['seconds']:.0f}s; figures in {out / 'gpu_check.json'}")
     return 0 if ok else 1
 

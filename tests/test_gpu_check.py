@@ -30,6 +30,14 @@ def test_cpu_smoke_runs_every_stage_and_prints_the_ratio(tmp_path):
     assert shape["params"] > 0 and shape["planned_gib"] > 0 and shape["measured_reserved_gib"] > 0
     assert shape["per_device_train_batch_size"] == 2 and shape["seq_len_planned"] > 32
     assert abs(shape["ratio_reserved"] - shape["measured_reserved_gib"] / shape["planned_gib"]) < 1e-9
+    # The full-length stage trains on rollouts of the asked length without generating them, and is
+    # compared with the plan's training phase, which leaves the generation KV cache out.
+    full = report["stages"]["shape-4b-full"]
+    assert full["rollouts"] == "256 random ids, not generated" and full["seq_len_planned"] > 256
+    assert full["planned_phase"] == "training phase"
+    training_terms = {k: v for k, v in full["planned_terms_gib"].items() if not k.startswith("KV cache")}
+    assert len(training_terms) == len(full["planned_terms_gib"]) - 1
+    assert abs(full["planned_gib"] - sum(training_terms.values())) < 1e-9
     assert "skipped" in report["stages"]["shape-8b"]
 
 
