@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rollout length of the 4B full-length stage (default: the config's 20480; smoke 256)",
     )
     p.add_argument(
-        "--budget-s", type=float, default=420.0, help="start the 8B stage only before this many seconds (default 420)"
+        "--budget-s", type=float, default=300.0, help="start the 8B stage only before this many seconds (default 300)"
     )
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
