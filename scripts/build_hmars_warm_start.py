@@ -63,6 +63,7 @@ def build(
     from coordrl.data.world import make_world
     from coordrl.envs.chat import ChatCodec
     from coordrl.rollout.hmars_world import evaluate_hmars_world, hmars_demo_ids, make_hmars_env_factory
+    from coordrl.rollout.world import publish_warm_start
 
     if threads:
         torch.set_num_threads(threads)
@@ -168,13 +169,7 @@ def build(
             "history": history,
             "torch_threads": torch.get_num_threads(),
         }
-        (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        took = time.time() - t0
-        log(
-            f"wrote {out} in {took:.0f}s (target <= 600s on an idle 2-core machine: {'met' if took <= 600 else 'NOT met'})"
-        )
+        publish_warm_start(tmp, out, meta, t0, log)
         return meta
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])

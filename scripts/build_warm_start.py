@@ -110,6 +110,7 @@ def _build(
         demo_ids,
         evaluate_world,
         make_env_factory,
+        publish_warm_start,
     )
 
     if threads:
@@ -330,13 +331,7 @@ def _build(
         "history": history,
         "torch_threads": torch.get_num_threads(),
     }
-    (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    took = time.time() - t0
-    log(
-        f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) in {took:.0f}s (target <= 600s on an idle 2-core machine: {'met' if took <= 600 else 'NOT met'})"
-    )
+    publish_warm_start(tmp, out, meta, t0, log)
     return meta
 
 

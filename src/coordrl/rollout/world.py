@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from pathlib import Path
 from typing import Any
 
 from coordrl.data.world import (
@@ -154,6 +156,21 @@ def per_type_means(results: list[tuple], names: tuple[str, ...]) -> dict[str, fl
             for j, name in enumerate(names, start=1):
                 out[f"{qtype}{name}"] = sum(r[j] for r in sel) / len(sel)
     return out
+
+
+def publish_warm_start(tmp: Path, out: Path, meta: dict[str, Any], t0: float, log=print) -> None:
+    """Finish a warm-start build: write ``meta`` as ``coordrl_warm_start.json`` into the build folder
+    ``tmp``, then replace ``out`` with it (a reader of ``out`` never sees a half-written model), and log
+    size and wall time (since ``t0``) against the 10-minute target."""
+    import shutil
+
+    (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    took = time.time() - t0
+    size = sum(p.stat().st_size for p in out.iterdir()) / 1e6
+    verdict = "met" if took <= 600 else "NOT met"
+    log(f"wrote {out} ({size:.1f} MB) in {took:.0f}s (target <= 600s on an idle 2-core machine: {verdict})")
 
 
 def batch_actor(model, tokenizer, *, sample: bool, max_new_tokens: int):
