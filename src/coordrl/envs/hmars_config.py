@@ -27,7 +27,8 @@ class HmarsEnvConfig:
         page_tokens: tokens per page (default 1,024).
         group_size: sub-agents per mid-agent, G (default 10).
         writer / selector / answerer: ``lexical`` (model-free, deterministic) or comma-separated
-            OpenAI-compatible URLs, one backend per role.
+            OpenAI-compatible URLs, one backend per role; the answerer may also be ``rule``, the HMARS
+            world's model-free reader of the selected pages (`coordrl.envs.hmars_roles.RuleAnswerer`).
         writer_model / selector_model / answerer_model: model names served at those URLs.
         writer_api_key_env / selector_api_key_env / answerer_api_key_env: environment variables read
             for each role's API key (default OPENAI_API_KEY; unset sends none).
