@@ -129,10 +129,15 @@ def env_overrides(overrides: dict[str, str]) -> dict:
 
 
 def evaluate(
-    path: str | Path, rows: list[dict], seed: int, env: dict | None = None, setup: Setup = SETUPS["parser"]
+    path: str | Path,
+    rows: list[dict],
+    seed: int,
+    env: dict | None = None,
+    setup: Setup = SETUPS["parser"],
+    ablations: bool = False,
 ) -> dict:
     """Held-out exact match, sampled and greedy (HMARS: with supporting-page recall; ``ablations``
-    adds the paper's two mode ablations, greedy, for a trained policy)."""
+    adds each `HMARS_ABLATIONS` mode, greedy, for a trained policy, from the same loaded model)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,10 +147,16 @@ def evaluate(
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)
     if setup.protocol == "hmars":
-        return {
+        out = {
             "sampled": evaluate_hmars_world(model, tok, rows, sample=True, seed=seed),
             "greedy": evaluate_hmars_world(model, tok, rows, sample=False, seed=seed),
         }
+        if ablations:
+            out["ablations"] = {
+                mode: evaluate_hmars_world(model, tok, rows, sample=False, seed=seed, env_overrides={"mode": mode})
+                for mode in HMARS_ABLATIONS
+            }
+        return out
     return {
         "sampled": evaluate_world(model, tok, rows, sample=True, seed=seed, env_overrides=env),
         "greedy": evaluate_world(model, tok, rows, sample=False, seed=seed, env_overrides=env),
@@ -346,21 +357,6 @@ def fmt(ev: dict) -> str:
     return text
 
 
-def hmars_ablations(path: Path, rows: list[dict], seed: int) -> dict:
-    """Greedy held-out exact match and recall of the policy at ``path`` in each `HMARS_ABLATIONS` mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from coordrl.rollout.hmars_world import evaluate_hmars_world
-
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)
-    return {
-        mode: evaluate_hmars_world(model, tok, rows, sample=False, seed=seed, env_overrides={"mode": mode})
-        for mode in HMARS_ABLATIONS
-    }
-
-
 def heldout_rows(setup: Setup, n: int, warm: Path) -> list[dict]:
     """The held-out questions: the world's, laid out for HMARS with the policy's tokenizer."""
     if setup.protocol == "hmars":
@@ -557,9 +553,7 @@ def check(
             seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps, meter=meter, setup=setup
         )
         marks.append(mark())
-        after = evaluate(final, rows, seed, env, setup)
-        if setup.protocol == "hmars":
-            after["ablations"] = hmars_ablations(final, rows, seed)
+        after = evaluate(final, rows, seed, env, setup, ablations=setup.protocol == "hmars")
         marks.append(mark())
         # Reader calls per training episode, averaged over the generation batches (what routing saves).
         calls = [h["env/reader_calls"] for h in hist if "env/reader_calls" in h]

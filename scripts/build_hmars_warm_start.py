@@ -90,7 +90,7 @@ def build(
         heavy = {tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names}
         heavy |= {i for d in "0123456789" for i in tok(d, add_special_tokens=False)["input_ids"]}
         pad = tok.pad_token_id
-        every = [d for d in good] + [d for v in bad.values() for d in v]
+        every = good + [d for v in bad.values() for d in v]
         prefix_len = min(
             next((i for i, (a, b) in enumerate(zip(every[0][0], ids)) if a != b), len(ids)) for ids, _ in every
         )

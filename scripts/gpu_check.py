@@ -155,10 +155,11 @@ def random_rollouts(base: type, length: int, seed: int = 0) -> type:
 
     class RandomRollouts(base):
         def _backend_generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-            tok = self.processing_class
-            special = set(tok.all_special_ids)
-            ordinary = [i for i in range(len(tok)) if i not in special]
-            return [[rng.choice(ordinary) for _ in range(length)] for _ in prompt_ids], None
+            if not hasattr(self, "_ordinary_ids"):  # the vocabulary minus special tokens, once per trainer
+                tok = self.processing_class
+                special = set(tok.all_special_ids)
+                self._ordinary_ids = [i for i in range(len(tok)) if i not in special]
+            return [[rng.choice(self._ordinary_ids) for _ in range(length)] for _ in prompt_ids], None
 
     return RandomRollouts
 
@@ -185,10 +186,11 @@ def run_shape(
     built_s = time.time() - t0
     tokens = full_length or completion_tokens
     stage = f"{name}-full" if full_length else name
-    cfg = load_config(PARSER_CONFIG, shape_overrides(model_dir, out / f"run-{stage}", cpu, tokens))
+    overrides = shape_overrides(model_dir, out / f"run-{stage}", cpu, tokens)
+    cfg = load_config(PARSER_CONFIG, overrides)
     plan = make_plan(cfg, num_processes=1, gpus_per_node=1, gpu_memory_gb=gpu_gib, check=False)
     full = make_plan(
-        load_config(PARSER_CONFIG, {**shape_overrides(model_dir, out, cpu, completion_tokens),
+        load_config(PARSER_CONFIG, {**overrides,
                                     "max_completion_length": "20480", "generation_kwargs": {"max_new_tokens": 1024}}),
         num_processes=1, gpus_per_node=1, gpu_memory_gb=gpu_gib, check=False,
     )  # fmt: skip
@@ -226,7 +228,7 @@ def run_shape(
         "params": plan.model.params,
         "rollouts": f"{tokens} random ids, not generated" if full_length else f"generated, {tokens} tokens",
         "planned_phase": "training phase" if full_length else "total (generation phase included)",
-        "config_overrides": shape_overrides(model_dir, out, cpu, tokens),
+        "config_overrides": overrides,
         "per_device_train_batch_size": plan.batch.per_device_train_batch_size,
         "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
         "seq_len_planned": plan.budget.seq_len,
