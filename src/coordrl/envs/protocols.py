@@ -43,12 +43,12 @@ class Protocol:
         user_message_format: the first user turn, as the exported policy documents it.
         limit_fields: names of the ``(timeout, retries)`` settings of the protocol's frozen roles.
         env_owns_reward: True when the environment's ``get_reward`` is the reward (HMARS: the frozen
-            answer model's exact match), False when the policy's own ``<answer>`` is scored.
+            answer model's exact match), False (default) when the policy's own ``<answer>`` is scored.
         answers_by_region: True when inference runs one policy episode per region and answers once
-            from the merged evidence (HMARS), False for one episode per question (PARSER).
+            from the merged evidence (HMARS), False (default) for one episode per question (PARSER).
         eval_turns_from_training: True when evaluation keeps training's tool-round cap (HMARS
-            broadcasts once; more rounds only allow retries training never allowed); False for
-            PARSER's larger evaluation cap (`EVAL_MAX_TURNS`).
+            broadcasts once; more rounds only allow retries training never allowed); False (default)
+            for PARSER's larger evaluation cap (`EVAL_MAX_TURNS`).
         eval_metrics: per-episode ``info`` keys evaluation averages beyond the common ones.
         role_error_metrics: per-episode ``info`` keys evaluation totals (frozen-role failures).
         table_columns: ``(metric key, header)`` of the per-length evaluation table, in order.
@@ -82,9 +82,9 @@ class Protocol:
     make_prompt: Callable[[str, str], list[dict[str, str]]]
     user_message_format: str
     limit_fields: tuple[str, str]
-    env_owns_reward: bool
-    answers_by_region: bool
-    eval_turns_from_training: bool
+    env_owns_reward: bool = False
+    answers_by_region: bool = False
+    eval_turns_from_training: bool = False
     eval_metrics: tuple[str, ...] = ()
     role_error_metrics: tuple[str, ...] = ()
     table_columns: tuple[tuple[str, str], ...] = ()
@@ -294,15 +294,19 @@ def _parser_policy_extras(env: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# (metric key, header) of the per-length evaluation table: HMARS shows its evidence metrics and
-# frozen-role failures instead of PARSER's reader columns.
-_PARSER_COLUMNS = (
+# (metric key, header) of the per-length evaluation table: both protocols open with the sample
+# count and the answer scores; HMARS then shows its evidence metrics and frozen-role failures
+# instead of PARSER's reader columns.
+_SCORE_COLUMNS = (
     ("samples", "n"),
     ("sub_em", "sub_em"),
     ("guarded_sub_em", "guarded sub_em"),
     ("em", "EM"),
     ("f1", "F1"),
     ("answered", "answered"),
+)
+_PARSER_COLUMNS = (
+    *_SCORE_COLUMNS,
     ("turns", "turns"),
     ("queries_per_turn", "queries/turn"),
     ("reader_calls", "reader calls"),
@@ -321,12 +325,7 @@ _PARSER_SUMMARY = (
     "readers", "reader_model", "reader_max_tokens", "lexical_threshold", "reader_timeout_s", "reader_retries",
 )  # fmt: skip
 _HMARS_COLUMNS = (
-    ("samples", "n"),
-    ("sub_em", "sub_em"),
-    ("guarded_sub_em", "guarded sub_em"),
-    ("em", "EM"),
-    ("f1", "F1"),
-    ("answered", "answered"),
+    *_SCORE_COLUMNS,
     ("recall", "evidence recall"),
     ("pages_selected", "pages selected"),
     ("answer_prompt_tokens", "answer prompt tokens"),
@@ -377,9 +376,6 @@ register_protocol(
         make_prompt=lead_prompt,
         user_message_format="Question: {question}",
         limit_fields=("reader_timeout_s", "reader_retries"),
-        env_owns_reward=False,
-        answers_by_region=False,
-        eval_turns_from_training=False,
         eval_metrics=(
             "activated_chunks_per_query",
             "reader_prompt_tokens",
