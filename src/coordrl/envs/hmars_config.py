@@ -8,6 +8,8 @@ from typing import Any
 
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars_index import IndexSettings
+from coordrl.readers.chat_client import DEFAULT_API_KEY_ENV, DEFAULT_CONCURRENCY
+from coordrl.readers.retry import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 
 __all__ = ["MODES", "ROLE_ERROR_KEYS", "HmarsEnvConfig"]
 
@@ -57,26 +59,27 @@ class HmarsEnvConfig:
         index_cache: folder of cached indexes (``coordrl index`` writes it); None: memory only.
     """
 
-    c_sub: int = 16384
-    page_tokens: int = 1024
-    group_size: int = 10
-    writer: str = "lexical"
-    writer_model: str | None = None
-    writer_api_key_env: str | None = "OPENAI_API_KEY"
-    writer_max_tokens: int = 512
-    writer_input_chars: int = 48000
+    # What the index depends on (`index_settings`) defaults as `IndexSettings` does: declared there once.
+    c_sub: int = IndexSettings.c_sub
+    page_tokens: int = IndexSettings.page_tokens
+    group_size: int = IndexSettings.group_size
+    writer: str = IndexSettings.writer
+    writer_model: str | None = IndexSettings.writer_model
+    writer_api_key_env: str | None = IndexSettings.writer_api_key_env
+    writer_max_tokens: int = IndexSettings.writer_max_tokens
+    writer_input_chars: int = IndexSettings.writer_input_chars
     selector: str = "lexical"
     selector_model: str | None = None
-    selector_api_key_env: str | None = "OPENAI_API_KEY"
+    selector_api_key_env: str | None = DEFAULT_API_KEY_ENV
     selector_max_tokens: int = 256
     selector_page_chars: int = 6000
     answerer: str = "lexical"
     answerer_model: str | None = None
-    answerer_api_key_env: str | None = "OPENAI_API_KEY"
+    answerer_api_key_env: str | None = DEFAULT_API_KEY_ENV
     answerer_max_tokens: int = 128
-    backend_concurrency: int = 64
-    backend_timeout_s: float = 60.0
-    backend_retries: int = 3
+    backend_concurrency: int = DEFAULT_CONCURRENCY
+    backend_timeout_s: float = DEFAULT_TIMEOUT_S
+    backend_retries: int = DEFAULT_RETRIES
     max_interpretation_chars: int = 1000
     max_hint_chars: int = 500
     pages_per_subagent: int = 2
@@ -86,7 +89,7 @@ class HmarsEnvConfig:
     recall_weight: float = 0.0
     evidence_budget_tokens: int = 0
     budget_weight: float = 0.0
-    tokenizer: str | None = None
+    tokenizer: str | None = IndexSettings.tokenizer
     index_cache: str | None = None
 
     def __post_init__(self) -> None:

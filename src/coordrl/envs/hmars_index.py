@@ -36,6 +36,7 @@ from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
 from coordrl.envs.hmars_prompts import card_writer_messages, region_writer_messages
 from coordrl.readers.base import ReaderResult
+from coordrl.readers.chat_client import DEFAULT_API_KEY_ENV
 from coordrl.readers.chat_endpoint import ChatEndpoint, make_chat_endpoint
 from coordrl.readers.lexical import _STOPWORDS, split_chunk_sentences
 from coordrl.readers.loop import shared_loop
@@ -96,7 +97,7 @@ class IndexSettings:
     tokenizer: str | None = None
     writer: str = "lexical"
     writer_model: str | None = None
-    writer_api_key_env: str | None = "OPENAI_API_KEY"
+    writer_api_key_env: str | None = DEFAULT_API_KEY_ENV
     writer_max_tokens: int = 512
     writer_input_chars: int = 48000
     card_topics: int = 8

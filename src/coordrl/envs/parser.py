@@ -12,15 +12,17 @@ import hashlib
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from coordrl.data.chunk import Chunk, chunk_context
 from coordrl.data.errors import ConfigError
 from coordrl.envs.tool_input import ToolInputError, check_text
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.chat_client import DEFAULT_CONCURRENCY
 from coordrl.readers.loop import shared_loop
 from coordrl.readers.prompt import READER_INSTRUCTIONS, sanitize_reader_text
+from coordrl.readers.retry import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from coordrl.readers.routing import ACTIVATIONS, RouterCache, RouterSettings, document_key
 from coordrl.rewards.metrics import nearest_rank_percentile
 
@@ -67,9 +69,9 @@ class ParserEnvConfig:
     reader_model: str | None = None
     lexical_threshold: float = 0.5
     reader_max_tokens: int = 512
-    reader_concurrency: int = 64
-    reader_timeout_s: float = 60.0
-    reader_retries: int = 3
+    reader_concurrency: int = DEFAULT_CONCURRENCY
+    reader_timeout_s: float = DEFAULT_TIMEOUT_S
+    reader_retries: int = DEFAULT_RETRIES
     chunk_tokens: int = 512
     chunk_overlap_tokens: int = 0
     tokenizer: str | None = None
@@ -78,11 +80,11 @@ class ParserEnvConfig:
     observation_max_tokens: int = 1024
     max_turns: int = 9
     activation: str = "all"
-    route_bm25_top_k: int = 8
-    route_summary_top_k: int = 8
-    route_dense_top_k: int = 0
-    route_dense_url: str | None = None
-    route_dense_model: str | None = None
+    route_bm25_top_k: int = RouterSettings.bm25_top_k
+    route_summary_top_k: int = RouterSettings.summary_top_k
+    route_dense_top_k: int = RouterSettings.dense_top_k
+    route_dense_url: str | None = RouterSettings.dense_url
+    route_dense_model: str | None = RouterSettings.dense_model
     reader_cost_weight: float = 0.1
 
     def __post_init__(self) -> None:
@@ -117,15 +119,12 @@ class ParserEnvConfig:
                 raise ConfigError("route_dense_model: route_dense_top_k > 0 needs the embedding model's name")
 
     def router_settings(self) -> RouterSettings:
-        """The routing pathways of ``activation: routed``."""
-        return RouterSettings(
-            bm25_top_k=self.route_bm25_top_k,
-            summary_top_k=self.route_summary_top_k,
-            dense_top_k=self.route_dense_top_k,
-            dense_url=self.route_dense_url,
-            dense_model=self.route_dense_model,
-            dense_timeout_s=self.reader_timeout_s,
-        )
+        """The routing pathways of ``activation: routed``: each ``route_*`` setting is the `RouterSettings`
+        field of that name without the prefix; dense requests take the readers' timeout."""
+        pathways = {
+            f.name.removeprefix("route_"): getattr(self, f.name) for f in fields(self) if f.name.startswith("route_")
+        }
+        return RouterSettings(**pathways, dense_timeout_s=self.reader_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -36,9 +36,20 @@ import yarl
 from coordrl.readers.base import ReaderResult
 from coordrl.readers.meter import CallMeter
 from coordrl.readers.prompt import READER_CHAT_TEMPLATE_KWARGS
-from coordrl.readers.retry import Fatal, Retryable, RetryPolicy
+from coordrl.readers.retry import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, Fatal, Retryable, RetryPolicy
 
-__all__ = ["ChatCompletionsClient", "health", "normalize_base_url", "replica_index"]
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "DEFAULT_CONCURRENCY",
+    "ChatCompletionsClient",
+    "health",
+    "normalize_base_url",
+    "replica_index",
+]
+
+# Where a served role's API key is read from, and its requests in flight, unless its settings say otherwise.
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_CONCURRENCY = 64
 
 # A thinking model that ignores enable_thinking may still emit a reasoning block; no caller wants it.
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
@@ -159,10 +170,10 @@ class ChatCompletionsClient:
         urls: Sequence[str],
         model: str,
         *,
-        api_key_env: str | None = "OPENAI_API_KEY",
-        max_concurrency: int = 64,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
+        api_key_env: str | None = DEFAULT_API_KEY_ENV,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_RETRIES,
         backoff_s: float = 0.5,
         max_tokens: int = 512,
         temperature: float = 0.0,

@@ -17,7 +17,7 @@ from typing import Any
 
 from coordrl.data.errors import DataError
 from coordrl.readers.base import ReaderResult
-from coordrl.readers.chat_client import ChatCompletionsClient
+from coordrl.readers.chat_client import DEFAULT_API_KEY_ENV, ChatCompletionsClient
 
 __all__ = ["ChatEndpoint", "make_chat_endpoint"]
 
@@ -55,7 +55,7 @@ class ChatEndpoint(ChatCompletionsClient):
 
 
 def make_chat_endpoint(
-    spec: str, model: str | None, api_key_env: str | None = "OPENAI_API_KEY", **options: Any
+    spec: str, model: str | None, api_key_env: str | None = DEFAULT_API_KEY_ENV, **options: Any
 ) -> ChatEndpoint | None:
     """None for ``lexical``; else a `ChatEndpoint` over the comma-separated URLs in ``spec``.
 

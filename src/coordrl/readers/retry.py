@@ -16,7 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["Fatal", "Outcome", "RetryPolicy", "Retryable"]
+__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT_S", "Fatal", "Outcome", "RetryPolicy", "Retryable"]
+
+# The request limits a model client starts from: every frozen role's settings (PARSER readers, HMARS
+# backends, the dense router) default to these, so the roles fail over alike unless configured apart.
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_RETRIES = 3
 
 T = TypeVar("T")
 

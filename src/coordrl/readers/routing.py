@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from coordrl.readers.retry import DEFAULT_TIMEOUT_S
+
 __all__ = [
     "ACTIVATIONS",
     "PATHWAYS",
@@ -80,7 +82,7 @@ class RouterSettings:
     dense_top_k: int = 0
     dense_url: str | None = None
     dense_model: str | None = None
-    dense_timeout_s: float = 60.0
+    dense_timeout_s: float = DEFAULT_TIMEOUT_S
     summary_names: int = 8
 
     def __post_init__(self) -> None:

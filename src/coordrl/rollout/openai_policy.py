@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from coordrl.envs.step import StepEnv
-from coordrl.readers.chat_client import normalize_base_url
+from coordrl.readers.chat_client import DEFAULT_API_KEY_ENV, normalize_base_url
 from coordrl.readers.retry import Retryable, RetryPolicy
 
 __all__ = ["OpenAIPolicy", "PolicyRequestError"]
@@ -83,7 +83,7 @@ class OpenAIPolicy:
         timeout_s: float = 120.0,
         max_retries: int = 2,
         backoff_s: float = 1.0,
-        api_key_env: str | None = "OPENAI_API_KEY",
+        api_key_env: str | None = DEFAULT_API_KEY_ENV,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         if tokenizer is None:
