@@ -78,10 +78,11 @@ def hmars_export(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--activation", "routed"), ("--chunk-overlap-tokens", "16"), ("--reader-model", "m")]
+    ("flag", "value"),
+    [("--activation", "routed"), ("--chunk-overlap-tokens", "16"), ("--chunk-tokens", "512"), ("--reader-model", "m")],
 )
 def test_parser_reader_flags_are_refused_for_hmars_policies(hmars_export, tmp_path, capsys, flag, value):
-    # eval used to drop --activation / --chunk-overlap-tokens for an hmars policy and run without them.
+    # eval used to drop --activation / --chunk-overlap-tokens / --chunk-tokens for an hmars policy and run without them.
     data = tmp_path / "ds"
     assert main(["data", "build", "--out", str(data), "--num-paragraphs", "12", "--num-samples", "1"]) == 0
     doc = tmp_path / "doc.txt"

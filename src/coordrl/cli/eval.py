@@ -85,7 +85,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)",
     )
-    p.add_argument("--chunk-tokens", type=_positive, default=4096, help="tokens per reader chunk (default 4096)")
+    p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
     p.add_argument("--limit", type=_positive, default=None, help="first N samples of each subset (default all)")
     p.add_argument("--concurrency", type=_positive, default=4, help="episodes in flight (default 4)")
     p.add_argument(

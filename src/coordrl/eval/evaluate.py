@@ -53,7 +53,7 @@ from typing import Any
 
 from coordrl import __version__
 from coordrl.data.errors import DataError
-from coordrl.envs.protocols import Protocol, get_protocol
+from coordrl.envs.protocols import EVAL_CHUNK_TOKENS, Protocol, get_protocol
 from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
 from coordrl.rewards.metrics import nearest_rank_percentile
 from coordrl.rundir import RunLock, truncate_torn_tail
@@ -110,7 +110,7 @@ class EvalConfig:
         readers / reader_model: ``lexical`` (default) or reader server URLs and their model name.
         policy_url / served_model: evaluate through an OpenAI-compatible server (default: in-process).
         max_turns: tool rounds (default 12; ``hmars``: per region, default training's cap).
-        chunk_tokens: reader chunk size (default 4096; not used by ``hmars``).
+        chunk_tokens: reader chunk size (default None: 4096; an ``hmars`` policy refuses it).
         chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
             policy's recorded setting, else 0; not used by ``hmars``).
         activation: which chunk readers a query wakes, ``all`` or ``routed`` (default None: the
@@ -144,7 +144,7 @@ class EvalConfig:
     policy_url: str | None = None
     served_model: str | None = None
     max_turns: int | None = None
-    chunk_tokens: int = 4096
+    chunk_tokens: int | None = None
     chunk_overlap_tokens: int | None = None
     activation: str | None = None
     limit: int | None = None
@@ -658,7 +658,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     if (
         cfg.concurrency < 1
         or (cfg.max_turns is not None and cfg.max_turns < 1)
-        or cfg.chunk_tokens < 1
+        or (cfg.chunk_tokens is not None and cfg.chunk_tokens < 1)
         or (cfg.limit is not None and cfg.limit < 1)
     ):
         raise DataError("--concurrency, --max-turns, --chunk-tokens and --limit must be positive")
@@ -686,14 +686,20 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         except ValueError as e:  # the recorded base model is gone: one line naming it
             raise PolicyError(f"--baseline prompted: {source.spec} records a base {e}") from None
     try:
-        # Round caps and chunk sizes are reader settings with evaluation defaults; HMARS regions and
-        # pages come from the recorded env. The overlap and the activation have no default here, so
-        # they always go to the protocol, which refuses them for HMARS instead of dropping them.
-        reader_args = {"max_turns": cfg.max_turns, "chunk_tokens": cfg.chunk_tokens} if protocol.uses_readers else {}
+        # Round caps are reader settings with evaluation defaults; HMARS regions and pages come from
+        # the recorded env. The chunk size, overlap and activation go to the protocol as given (None
+        # when not), so HMARS refuses them by name instead of dropping them; PARSER's chunk size then
+        # takes its evaluation default, which the resume fingerprint records.
+        reader_args = {"max_turns": cfg.max_turns} if protocol.uses_readers else {}
+        if protocol.uses_readers:
+            cfg = replace(cfg, chunk_tokens=cfg.chunk_tokens or EVAL_CHUNK_TOKENS)
         env_config = source.env_config(
             readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args,
-            chunk_overlap_tokens=cfg.chunk_overlap_tokens, activation=cfg.activation,
+            chunk_tokens=cfg.chunk_tokens, chunk_overlap_tokens=cfg.chunk_overlap_tokens, activation=cfg.activation,
         )  # fmt: skip
+        # An HMARS evaluation records the PARSER default, as it did before it refused the flag, so
+        # its earlier results still resume.
+        cfg = replace(cfg, chunk_tokens=cfg.chunk_tokens or EVAL_CHUNK_TOKENS)
         if cfg.baseline != "fullcontext" and protocol.uses_readers:
             from coordrl.readers.fleet import make_fleet
 
