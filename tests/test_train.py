@@ -306,3 +306,23 @@ def test_train_closes_the_environment_factory_also_when_training_fails(tmp_path)
     with pytest.raises(RuntimeError, match="step failed"):
         train(cfg(tmp_path, max_steps=1, traces=False), trainer_cls=FailingTrainer)
     assert closed == ["ParserEnvFactory"]
+
+
+def test_data_a_run_built_with_other_settings_is_rebuilt_not_reused(tmp_path, capsys):
+    # The run folder's data/ survives --overwrite; a rerun with another world size used to train on the
+    # old build without a word.
+    from coordrl.train.config import CoordConfig
+    from coordrl.train.run import BUILD_STAMP, _dataset
+
+    small = _dataset("world", CoordConfig(world_train_size=12, world_heldout_size=4), tmp_path, "train")
+    assert len(small) == 12
+    folder = tmp_path / "data" / "world-seed0"
+    assert json.loads((folder / BUILD_STAMP).read_text()) == {"world_train_size": 12, "world_heldout_size": 4}
+    capsys.readouterr()
+    assert len(_dataset("world", CoordConfig(world_train_size=12, world_heldout_size=4), tmp_path, "train")) == 12
+    assert capsys.readouterr().err == ""  # same settings: the build is reused quietly
+    larger = _dataset("world", CoordConfig(world_train_size=20, world_heldout_size=4), tmp_path, "heldout")
+    assert len(larger) == 4
+    err = capsys.readouterr().err
+    assert f"rebuilding {folder}" in err and "world_train_size: 12 -> 20" in err
+    assert len(_dataset("world", CoordConfig(world_train_size=20, world_heldout_size=4), tmp_path, "train")) == 20

@@ -42,6 +42,8 @@ class CoordConfig(ParserEnvConfig):
             its region and page sizes, pages cut with the policy's tokenizer).
         eval_data (``world``, ``hmars_world``): the world's held-out questions (chains never seen in training).
         world_train_size / world_heldout_size: questions built for ``world`` / ``hmars_world`` data; default 4000 / 200.
+            Data built under ``<output_dir>/data`` is reused only when built with the same settings
+            (recorded in ``coordrl_build.json``); otherwise it is rebuilt, with a note on stderr.
         max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
         eval_data: a dataset folder for TRL's periodic evaluation (``sample``: held-out shipped
             HotpotQA train questions), or None for no evaluation.

@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,32 @@ def _load_policy(model_path: str, spec: str):
     return tokenizer, model
 
 
+BUILD_STAMP = "coordrl_build.json"
+
+
+def _cached_build(folder: Path, marker: str, settings: dict[str, Any], build) -> None:
+    """Run ``build`` (which fills ``folder``) unless ``folder`` holds a complete build (``marker``)
+    made with the same ``settings``, which ``BUILD_STAMP`` records. The data a run builds under its
+    output folder is a cache of a deterministic build, so a build made with other settings (say, an
+    earlier run's ``world_train_size``) is rebuilt, with a note, instead of being trained on."""
+    stamp = folder / BUILD_STAMP
+    if (folder / marker).exists():
+        try:
+            recorded = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            recorded = None
+        if recorded == settings:
+            return
+        if recorded is not None:
+            changed = ", ".join(
+                f"{k}: {recorded.get(k)!r} -> {v!r}" for k, v in settings.items() if recorded.get(k) != v
+            )
+            print(f"rebuilding {folder}: it was built with other settings ({changed})", file=sys.stderr)
+        shutil.rmtree(folder)
+    build()
+    stamp.write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def _dataset(
     spec: str | None, coord: CoordConfig, output_dir: Path, split: str, limit: int | None = None, tokenizer=None
 ):
@@ -71,28 +97,32 @@ def _dataset(
         return None
     if spec == "sample":
         folder = output_dir / "data" / split
-        if not (folder / "state.json").exists():
-            # Training on the dev sample, evaluating on the disjoint train sample (held-out questions).
-            source = "sample" if split == "train" else str(_shipped_train_sample())
-            build_dataset(
-                BuildConfig(
-                    source=source,
-                    num_paragraphs=coord.sample_num_paragraphs,
-                    seed=coord.seed_data + (split != "train"),
-                    overwrite=True,
-                ),
-                folder,
-            )
+        # Training on the dev sample, evaluating on the disjoint train sample (held-out questions).
+        source = "sample" if split == "train" else str(_shipped_train_sample())
+        config = BuildConfig(
+            source=source, num_paragraphs=coord.sample_num_paragraphs, seed=coord.seed_data + (split != "train")
+        )
+        _cached_build(
+            folder,
+            "state.json",
+            {"sample_num_paragraphs": config.num_paragraphs, "seed": config.seed},
+            lambda: build_dataset(replace(config, overwrite=True), folder),
+        )
         spec = str(folder)
     elif spec == "world":
         # The synthetic multi-hop world (coordrl.data.world): training chains, or the held-out ones.
         from coordrl.data.world import build_world_dataset
 
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
-        if not (root / "world.json").exists():
-            build_world_dataset(
+        sizes = {"world_train_size": coord.world_train_size, "world_heldout_size": coord.world_heldout_size}
+        _cached_build(
+            root,
+            "world.json",
+            sizes,
+            lambda: build_world_dataset(
                 root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data
-            )
+            ),
+        )
         spec = str(root / ("train" if split == "train" else "heldout"))
     elif spec == "hmars_world":
         # The HMARS world (coordrl.data.hmars_world): laid out with the policy's tokenizer, so the
@@ -100,14 +130,18 @@ def _dataset(
         from coordrl.data.hmars_world import build_hmars_world_dataset
 
         root = output_dir / "data" / f"hmars-world-seed{coord.seed_data}-{_vocab_tag(tokenizer)}"
-        if not (root / "hmars_world.json").exists():
-            build_hmars_world_dataset(
+        _cached_build(
+            root,
+            "hmars_world.json",
+            {"world_train_size": coord.world_train_size, "world_heldout_size": coord.world_heldout_size},
+            lambda: build_hmars_world_dataset(
                 root,
                 n_train=coord.world_train_size,
                 n_heldout=coord.world_heldout_size,
                 seed=coord.seed_data,
                 tokenizer=tokenizer,
-            )
+            ),
+        )
         spec = str(root / ("train" if split == "train" else "heldout"))
     ds = load_built(spec)
     if limit is not None:
