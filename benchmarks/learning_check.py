@@ -357,8 +357,9 @@ def fmt(ev: dict) -> str:
     return text
 
 
-def heldout_rows(setup: Setup, n: int, warm: Path) -> list[dict]:
-    """The held-out questions: the world's, laid out for HMARS with the policy's tokenizer."""
+def heldout_rows(setup: Setup, n: int, warm: Path, overrides: dict[str, str]) -> list[dict]:
+    """The held-out questions: the world's (cut into reader chunks as training cuts them, see
+    ``world_docs_per_chunk``), laid out for HMARS with the policy's tokenizer."""
     if setup.protocol == "hmars":
         from transformers import AutoTokenizer
 
@@ -366,8 +367,10 @@ def heldout_rows(setup: Setup, n: int, warm: Path) -> list[dict]:
 
         return hmars_world_splits(0, n, seed=0, tokenizer=AutoTokenizer.from_pretrained(str(warm)))["heldout"]
     from coordrl.data.world import world_splits
+    from coordrl.train.config import load_config
 
-    return world_splits(0, n, seed=0)["heldout"]
+    docs_per_chunk = load_config(CONFIG, overrides).coord.world_docs_per_chunk
+    return world_splits(0, n, seed=0, docs_per_chunk=docs_per_chunk)["heldout"]
 
 
 def plot(curves: dict[int, list[dict]], path: Path) -> None:
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="FIELD=VALUE",
-        help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false",
+        help="config overrides, e.g. learning_rate=1e-5 tool_concurrency=false world_docs_per_chunk=1",
     )
     p.add_argument("--ablations", action="store_true", help="also run the three ablations (first seed)")
     p.add_argument(
@@ -533,7 +536,7 @@ def check(
         warm_start_builder(setup).build(warm, threads=a.threads)
         walls["warm_start_s"] = time.time() - t0
 
-    rows = heldout_rows(setup, a.eval_n, warm)
+    rows = heldout_rows(setup, a.eval_n, warm, overrides)
     target = {"sampled": setup.target_sampled, "greedy": setup.target_greedy}
     if setup.target_recall is not None:
         target["recall"] = setup.target_recall

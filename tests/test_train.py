@@ -317,7 +317,11 @@ def test_data_a_run_built_with_other_settings_is_rebuilt_not_reused(tmp_path, ca
     small = _dataset("world", CoordConfig(world_train_size=12, world_heldout_size=4), tmp_path, "train")
     assert len(small) == 12
     folder = tmp_path / "data" / "world-seed0"
-    assert json.loads((folder / BUILD_STAMP).read_text()) == {"world_train_size": 12, "world_heldout_size": 4}
+    assert json.loads((folder / BUILD_STAMP).read_text()) == {
+        "world_train_size": 12,
+        "world_heldout_size": 4,
+        "world_docs_per_chunk": 2,
+    }
     capsys.readouterr()
     assert len(_dataset("world", CoordConfig(world_train_size=12, world_heldout_size=4), tmp_path, "train")) == 12
     assert capsys.readouterr().err == ""  # same settings: the build is reused quietly
@@ -326,3 +330,8 @@ def test_data_a_run_built_with_other_settings_is_rebuilt_not_reused(tmp_path, ca
     err = capsys.readouterr().err
     assert f"rebuilding {folder}" in err and "world_train_size: 12 -> 20" in err
     assert len(_dataset("world", CoordConfig(world_train_size=20, world_heldout_size=4), tmp_path, "train")) == 20
+    one = _dataset(
+        "world", CoordConfig(world_train_size=20, world_heldout_size=4, world_docs_per_chunk=1), tmp_path, "train"
+    )
+    assert "world_docs_per_chunk: 2 -> 1" in capsys.readouterr().err
+    assert all(len(docs) == 1 for docs in one[0]["chunk_documents"])

@@ -59,6 +59,30 @@ def test_world_is_seeded_and_heldout_chains_are_unseen():
             assert f"In the decade of the {d1}s {chain['people'][0]} was born." in r["context"]
 
 
+def test_one_document_per_chunk_cuts_the_same_questions_into_single_document_chunks(tmp_path):
+    from coordrl.data.world_reader import chunk_facts
+
+    two, one = world_splits(40, 10, seed=0), world_splits(40, 10, seed=0, docs_per_chunk=1)
+    for split in ("train", "heldout"):
+        for a, b in zip(two[split], one[split], strict=True):
+            assert {k: v for k, v in a.items() if not k.startswith("chunk")} == {
+                k: v for k, v in b.items() if not k.startswith("chunk")
+            }
+            assert b["chunk_documents"] == [[i + 1] for i in range(len(a["doc_offsets"]))]
+            assert "\n\n".join(b["chunks"]) == "\n\n".join(a["chunks"])
+            assert all(c.count("Document ") == 1 for c in b["chunks"])
+            # No chunk holds two facts of one relation: a reader never has to tell them apart.
+            for chunk in b["chunks"]:
+                relations = [relation for relation, _ in chunk_facts(chunk)]
+                assert len(relations) == len(set(relations))
+    assert any(len(c["chunk_documents"][0]) == 2 for c in two["train"])  # the default is unchanged
+    meta = tmp_path / "w1"
+    build_world_dataset(meta, n_train=4, n_heldout=2, seed=0, docs_per_chunk=1)
+    assert json.loads((meta / "world.json").read_text())["docs_per_chunk"] == 1
+    with pytest.raises(ValueError, match="docs_per_chunk"):
+        build_world_dataset(tmp_path / "w0", n_train=4, n_heldout=2, docs_per_chunk=0)
+
+
 def test_dataset_folder_loads(tmp_path):
     from coordrl.data.show import load_built
 

@@ -198,13 +198,16 @@ def _distractors(
 
 
 def make_question(
-    rng: random.Random, world: World, qtype: str, n_docs: int | None = None
+    rng: random.Random, world: World, qtype: str, n_docs: int | None = None, docs_per_chunk: int = DOCS_PER_CHUNK
 ) -> tuple[dict[str, Any], tuple]:
     """One question with its own chain and document; returns ``(row_without_id, chain_key)``.
 
     ``n_docs``: pad the document with `filler_docs` to this many documents (default: the question's
     own 7). The question, its chain and ``rng``'s state afterwards are the same at every length, so a
-    length sweep asks the same questions of longer and longer documents.
+    length sweep asks the same questions of longer and longer documents. ``docs_per_chunk``: whole
+    documents per reader chunk (default 2); only the ``chunks`` / ``chunk_documents`` columns
+    depend on it. With 1, no chunk holds two facts of one relation, so a reader never has to tell
+    two same-shaped sentences apart (what the kept world reader model cannot do).
     """
     used_decades: set[int] = set()
     if qtype == "bridge":
@@ -246,10 +249,10 @@ def make_question(
     gold_documents = sorted(order.index(i) + 1 for i in range(len(gold)))
     context, offsets = render_context(paragraphs)
     # Readers get whole documents (DOCS_PER_CHUNK per reader), so no fact is ever cut in half.
-    bounds = offsets[::DOCS_PER_CHUNK] + [len(context)]
+    bounds = offsets[::docs_per_chunk] + [len(context)]
     chunks = [context[a:b].rstrip("\n") for a, b in itertools.pairwise(bounds)]
     chunk_documents = [
-        list(range(i * DOCS_PER_CHUNK + 1, min((i + 1) * DOCS_PER_CHUNK, len(paragraphs)) + 1))
+        list(range(i * docs_per_chunk + 1, min((i + 1) * docs_per_chunk, len(paragraphs)) + 1))
         for i in range(len(chunks))
     ]
     row = {
@@ -267,17 +270,24 @@ def make_question(
 
 
 def world_rows(
-    n: int, seed: int, world: World, exclude: set[tuple] | None = None, prefix: str = "world", n_docs: int | None = None
+    n: int,
+    seed: int,
+    world: World,
+    exclude: set[tuple] | None = None,
+    prefix: str = "world",
+    n_docs: int | None = None,
+    docs_per_chunk: int = DOCS_PER_CHUNK,
 ) -> tuple[list[dict[str, Any]], set[tuple]]:
     """``n`` questions, types alternating, chains unique and outside ``exclude``; ``n_docs`` pads each
-    document to that many documents (the same questions at every length, see `make_question`)."""
+    document to that many documents (the same questions at every length), ``docs_per_chunk`` sets the
+    reader chunks (see `make_question`)."""
     rng = random.Random(f"world-questions-{seed}-{prefix}")
     exclude = set(exclude or ())
     keys: set[tuple] = set()
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
         qtype = QUESTION_TYPES[len(rows) % len(QUESTION_TYPES)]
-        row, key = make_question(rng, world, qtype, n_docs)
+        row, key = make_question(rng, world, qtype, n_docs, docs_per_chunk)
         if key in exclude or key in keys:
             continue
         keys.add(key)
@@ -285,25 +295,35 @@ def world_rows(
     return rows, keys
 
 
-def world_splits(n_train: int, n_heldout: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """``{"train": rows, "heldout": rows}``; held-out chains never occur in training."""
+def world_splits(
+    n_train: int, n_heldout: int, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
+) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows, "heldout": rows}``; held-out chains never occur in training. The questions do
+    not depend on ``docs_per_chunk`` (documents per reader chunk, default 2)."""
     world = make_world(seed)
-    heldout, held_keys = world_rows(n_heldout, seed, world, prefix="heldout")
-    train, _ = world_rows(n_train, seed, world, exclude=held_keys, prefix="train")
+    heldout, held_keys = world_rows(n_heldout, seed, world, prefix="heldout", docs_per_chunk=docs_per_chunk)
+    train, _ = world_rows(n_train, seed, world, exclude=held_keys, prefix="train", docs_per_chunk=docs_per_chunk)
     return {"train": train, "heldout": heldout}
 
 
-def build_world_dataset(out: str | Path, n_train: int = 4000, n_heldout: int = 200, seed: int = 0) -> dict[str, Path]:
+def build_world_dataset(
+    out: str | Path, n_train: int = 4000, n_heldout: int = 200, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
+) -> dict[str, Path]:
     """Write ``<out>/train`` and ``<out>/heldout`` (datasets ``save_to_disk`` folders); returns them."""
     import datasets
 
+    if docs_per_chunk < 1:
+        raise ValueError(f"docs_per_chunk must be >= 1, got {docs_per_chunk}")
     out = Path(out)
     paths = {}
-    for split, rows in world_splits(n_train, n_heldout, seed).items():
+    for split, rows in world_splits(n_train, n_heldout, seed, docs_per_chunk).items():
         folder = out / split
         datasets.Dataset.from_list(rows).save_to_disk(str(folder))
         paths[split] = folder
-    (out / "world.json").write_text(json.dumps({"n_train": n_train, "n_heldout": n_heldout, "seed": seed}) + "\n")
+    meta = {"n_train": n_train, "n_heldout": n_heldout, "seed": seed}
+    if docs_per_chunk != DOCS_PER_CHUNK:  # the default's record stays as it was
+        meta["docs_per_chunk"] = docs_per_chunk
+    (out / "world.json").write_text(json.dumps(meta) + "\n")
     return paths
 
 

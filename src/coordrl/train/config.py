@@ -42,6 +42,8 @@ class CoordConfig(ParserEnvConfig):
             its region and page sizes, pages cut with the policy's tokenizer).
         eval_data (``world``, ``hmars_world``): the world's held-out questions (chains never seen in training).
         world_train_size / world_heldout_size: questions built for ``world`` / ``hmars_world`` data; default 4000 / 200.
+        world_docs_per_chunk: whole documents per reader chunk of ``world`` data (default 2); 1 suits
+            model-served readers, which cannot tell two facts of one relation in a passage apart.
             Data built under ``<output_dir>/data`` is reused only when built with the same settings
             (recorded in ``coordrl_build.json``); otherwise it is rebuilt, with a note on stderr.
         max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
@@ -96,6 +98,7 @@ class CoordConfig(ParserEnvConfig):
     hmars: dict | None = None
     world_train_size: int = 4000
     world_heldout_size: int = 200
+    world_docs_per_chunk: int = 2
     max_train_minutes: float | None = None
     system_prompt: str | None = None
 
@@ -318,6 +321,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError("model: required (a local model folder or a hub id)")
     if coord.max_turns < 1:
         raise ConfigError("max_turns: must be >= 1")
+    if coord.world_docs_per_chunk < 1:
+        raise ConfigError(f"world_docs_per_chunk: must be >= 1, got {coord.world_docs_per_chunk}")
     _check_readers(coord)
     strategy = (
         str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()

@@ -114,13 +114,21 @@ def _dataset(
         from coordrl.data.world import build_world_dataset
 
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
-        sizes = {"world_train_size": coord.world_train_size, "world_heldout_size": coord.world_heldout_size}
+        settings = {
+            "world_train_size": coord.world_train_size,
+            "world_heldout_size": coord.world_heldout_size,
+            "world_docs_per_chunk": coord.world_docs_per_chunk,
+        }
         _cached_build(
             root,
             "world.json",
-            sizes,
+            settings,
             lambda: build_world_dataset(
-                root, n_train=coord.world_train_size, n_heldout=coord.world_heldout_size, seed=coord.seed_data
+                root,
+                n_train=coord.world_train_size,
+                n_heldout=coord.world_heldout_size,
+                seed=coord.seed_data,
+                docs_per_chunk=coord.world_docs_per_chunk,
             ),
         )
         spec = str(root / ("train" if split == "train" else "heldout"))
