@@ -17,7 +17,10 @@ model's chat template). Printed:
 --cpu`` does), asks the first ``--vllm-rows`` questions' prompts through `OpenAIReaderFleet`, prints the
 same figures, the share of replies identical to transformers' and the prefix-cache hit rate.
 
-    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--vllm] [--vllm-rows 40] [--model DIR]
+``--docs-per-chunk 1`` asks about the same questions cut into one-document chunks
+(``world_docs_per_chunk: 1`` in training), where no chunk holds two facts of one relation.
+
+    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--docs-per-chunk 2] [--vllm] [--vllm-rows 40] [--model DIR]
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rows", type=int, default=200, help="held-out world questions whose chunks are asked (default 200, all)"
     )
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--docs-per-chunk", type=int, default=2, help="whole documents per reader chunk (default 2, the world's)"
+    )
     p.add_argument("--vllm", action="store_true", help="also measure through a vLLM CPU server (needs .venv-vllm)")
     p.add_argument("--vllm-rows", type=int, default=40, help="held-out questions asked through vLLM (default 40)")
     p.add_argument("--vllm-python", default=None, help="interpreter with vllm (default .venv-vllm/bin/python)")
@@ -134,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.rows <= n_heldout:
         print(f"world_reader: --rows must be in 1..{n_heldout}, got {a.rows}", file=sys.stderr)
         return 2
+    if a.docs_per_chunk < 1:
+        print(f"world_reader: --docs-per-chunk must be >= 1, got {a.docs_per_chunk}", file=sys.stderr)
+        return 2
     if a.vllm and not 1 <= a.vllm_rows <= a.rows:
         print(f"world_reader: --vllm-rows must be in 1..--rows ({a.rows}), got {a.vllm_rows}", file=sys.stderr)
         return 2
@@ -144,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         str(model_dir), use_safetensors=True, dtype=torch.float32, local_files_only=True
     )
     world = make_world(0)
-    heldout = world_splits(meta["recipe"]["n_train"], n_heldout, seed=0)["heldout"]
+    heldout = world_splits(meta["recipe"]["n_train"], n_heldout, seed=0, docs_per_chunk=a.docs_per_chunk)["heldout"]
     examples = eval_examples(heldout[: a.rows], world)
     print(
-        f"world reader {model_dir} ({sum(f.stat().st_size for f in model_dir.iterdir()) / 1e6:.1f} MB); {a.rows} held-out questions, {len(examples)} prompts"
+        f"world reader {model_dir} ({sum(f.stat().st_size for f in model_dir.iterdir()) / 1e6:.1f} MB); {a.rows} held-out questions, {a.docs_per_chunk} document(s) per chunk, {len(examples)} prompts"
     )
     t0 = time.perf_counter()
     replies = build.greedy_replies(model, tok, examples)
