@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +100,16 @@ def _dataset(
         # Training on the dev sample, evaluating on the disjoint train sample (held-out questions).
         source = "sample" if split == "train" else str(_shipped_train_sample())
         config = BuildConfig(
-            source=source, num_paragraphs=coord.sample_num_paragraphs, seed=coord.seed_data + (split != "train")
+            source=source,
+            num_paragraphs=coord.sample_num_paragraphs,
+            seed=coord.seed_data + (split != "train"),
+            overwrite=True,
         )
         _cached_build(
             folder,
             "state.json",
             {"sample_num_paragraphs": config.num_paragraphs, "seed": config.seed},
-            lambda: build_dataset(replace(config, overwrite=True), folder),
+            lambda: build_dataset(config, folder),
         )
         spec = str(folder)
     elif spec == "world":
