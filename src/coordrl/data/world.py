@@ -248,7 +248,7 @@ def make_question(
     paragraphs = [docs[i] for i in order]
     gold_documents = sorted(order.index(i) + 1 for i in range(len(gold)))
     context, offsets = render_context(paragraphs)
-    # Readers get whole documents (DOCS_PER_CHUNK per reader), so no fact is ever cut in half.
+    # Readers get whole documents (docs_per_chunk per reader), so no fact is ever cut in half.
     bounds = offsets[::docs_per_chunk] + [len(context)]
     chunks = [context[a:b].rstrip("\n") for a, b in itertools.pairwise(bounds)]
     chunk_documents = [

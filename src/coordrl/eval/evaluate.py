@@ -688,17 +688,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     try:
         # Round caps are reader settings with evaluation defaults; HMARS regions and pages come from
         # the recorded env. The chunk size, overlap and activation go to the protocol as given (None
-        # when not), so HMARS refuses them by name instead of dropping them; PARSER's chunk size then
-        # takes its evaluation default, which the resume fingerprint records.
+        # when not): PARSER applies its evaluation chunk size, HMARS refuses them by name instead of
+        # dropping them.
         reader_args = {"max_turns": cfg.max_turns} if protocol.uses_readers else {}
-        if protocol.uses_readers:
-            cfg = replace(cfg, chunk_tokens=cfg.chunk_tokens or EVAL_CHUNK_TOKENS)
         env_config = source.env_config(
             readers=cfg.readers, reader_model=cfg.reader_model, hmars=cfg.hmars, **reader_args,
             chunk_tokens=cfg.chunk_tokens, chunk_overlap_tokens=cfg.chunk_overlap_tokens, activation=cfg.activation,
         )  # fmt: skip
-        # An HMARS evaluation records the PARSER default, as it did before it refused the flag, so
-        # its earlier results still resume.
+        # The resume fingerprint records that default for both protocols, as before HMARS refused
+        # the flag, so earlier evaluations still resume.
         cfg = replace(cfg, chunk_tokens=cfg.chunk_tokens or EVAL_CHUNK_TOKENS)
         if cfg.baseline != "fullcontext" and protocol.uses_readers:
             from coordrl.readers.fleet import make_fleet
