@@ -20,13 +20,14 @@ sampled (60 questions).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
 from coordrl.data.world import world_splits
-from coordrl.readers.serve import start_reader_servers
+from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
 from coordrl.rollout.models import WORLD_MODEL, resolve_model
 from coordrl.rollout.world import evaluate_world
 from coordrl.train.config import load_config
@@ -63,10 +64,13 @@ def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(tmp_p
         str(READER_MODEL), cpu=True, port_base=free_port(), python=python, log_dir=tmp_path / "reader-server"
     )
     try:
-        served = {"readers": group.urls[0], "reader_model": str(READER_MODEL)}
-        env = dict(served)
+        url = group.urls[0]
+        served = {"readers": url, "reader_model": str(READER_MODEL)}
         rows = world_splits(0, N_EVAL, seed=0, docs_per_chunk=1)["heldout"]
-        before = _heldout_em(resolve_model(WORLD_MODEL), rows, env)
+        # Prompt tokens the server has processed, read from its /metrics between the phases.
+        marks = [prefix_cache_counters(url)[0]]
+        before = _heldout_em(resolve_model(WORLD_MODEL), rows, served)
+        marks.append(prefix_cache_counters(url)[0])
         cfg = load_config(
             CONFIG,
             {
@@ -78,10 +82,14 @@ def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(tmp_p
             },
         )
         train(cfg)
-        after = _heldout_em(str(tmp_path / "run" / "final"), rows, env)
+        marks.append(prefix_cache_counters(url)[0])
+        after = _heldout_em(str(tmp_path / "run" / "final"), rows, served)
+        marks.append(prefix_cache_counters(url)[0])
     finally:
         group.stop()
         torch.set_num_threads(threads)
+    # Both evaluations and the training read through the server, not through a local fallback.
+    assert all(later > earlier for earlier, later in itertools.pairwise(marks)), marks
     gain = {mode: 100 * (after[mode]["all"] - before[mode]["all"]) for mode in before}
     for mode in before:
         print(
