@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from coordrl.data.world import world_splits
+from coordrl.data.world_reader import world_reader_dir
 from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
 from coordrl.rollout.models import WORLD_MODEL, resolve_model
 from coordrl.rollout.world import evaluate_world
@@ -36,7 +37,7 @@ from tests.vllm_cpu import free_port, vllm_python_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "world_cpu.yaml"
-READER_MODEL = REPO / "src" / "coordrl" / "resources" / "world_reader"
+READER_MODEL = world_reader_dir()  # the kept world reader, where the installed package keeps it
 STEPS = 30
 N_EVAL = 40
 MIN_SAMPLED_GAIN = 15.0
