@@ -58,7 +58,6 @@ def test_overrides_are_coerced_by_the_resolved_field_types():
         ({"hmars": "3"}, "hmars: cannot use '3' (expected a mapping)"),
         ({"seed": "null"}, "seed: may not be null"),
         ({"world_docs_per_chunk": "0"}, "world_docs_per_chunk: must be >= 1, got 0"),
-        ({"world_neighbour_share": "1.5"}, "world_neighbour_share: must be in [0, 1], got 1.5"),
     ],
 )
 def test_bad_values_name_the_field(override, message):

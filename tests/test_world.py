@@ -83,38 +83,6 @@ def test_one_document_per_chunk_cuts_the_same_questions_into_single_document_chu
         build_world_dataset(tmp_path / "w0", n_train=4, n_heldout=2, docs_per_chunk=0)
 
 
-def _is_neighbours(row):
-    d1, d2 = json.loads(row["chain"])["decades"]
-    return abs(d1 - d2) == 10
-
-
-def test_neighbour_share_weights_training_comparisons_and_leaves_everything_else_as_it_was(tmp_path):
-    import hashlib
-
-    default = world_splits(40, 10, seed=0)
-    # The default draws nothing extra: these are the rows the kept warm start and the records were made from.
-    digest = hashlib.sha256(json.dumps(default, sort_keys=True).encode()).hexdigest()
-    assert digest == "aecdcfc4f46244f1243f06ff34c2a34810042479c1479e3dc06c42be3266d249"
-    assert world_splits(40, 10, seed=0, neighbour_share=0.0) == default
-    share = {q: world_splits(400, 10, seed=0, neighbour_share=q) for q in (0.5, 1.0)}
-    for q, splits in share.items():
-        assert splits["heldout"] == default["heldout"]
-        comparisons = [r for r in splits["train"] if r["type"] == "comparison"]
-        assert len(comparisons) == 200
-        near = sum(map(_is_neighbours, comparisons)) / len(comparisons)
-        # Forced with probability q, and a fifth of the free draws are neighbours by chance.
-        assert near == 1.0 if q == 1.0 else 0.5 <= near <= 0.7, (q, near)
-        for r in comparisons:
-            d1, d2 = json.loads(r["chain"])["decades"]
-            assert r["answers"][0] == json.loads(r["chain"])["people"][0 if d1 < d2 else 1]
-    free = [r for r in world_splits(400, 10, seed=0)["train"] if r["type"] == "comparison"]
-    assert sum(map(_is_neighbours, free)) / len(free) < 0.3
-    build_world_dataset(tmp_path / "w", n_train=4, n_heldout=2, seed=0, neighbour_share=0.5)
-    assert json.loads((tmp_path / "w" / "world.json").read_text())["neighbour_share"] == 0.5
-    with pytest.raises(ValueError, match="neighbour_share"):
-        build_world_dataset(tmp_path / "w2", n_train=4, n_heldout=2, neighbour_share=1.5)
-
-
 def test_dataset_folder_loads(tmp_path):
     from coordrl.data.show import load_built
 

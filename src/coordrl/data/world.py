@@ -174,12 +174,9 @@ def q_decade(person: str) -> str:
 # -- questions ------------------------------------------------------------------------------------
 
 
-def _person_facts(
-    rng: random.Random, world: World, person: str, used_decades: set[int], next_to: int | None = None
-) -> tuple[str, int, str]:
-    # Birth decades are distinct among the people of one question (so a comparison always has an answer);
-    # ``next_to``: the decade must neighbour that one (a hard comparison).
-    decade = rng.choice([d for d in DECADES if d not in used_decades and (next_to is None or abs(d - next_to) == 10)])
+def _person_facts(rng: random.Random, world: World, person: str, used_decades: set[int]) -> tuple[str, int, str]:
+    # Birth decades are distinct among the people of one question (so a comparison always has an answer).
+    decade = rng.choice([d for d in DECADES if d not in used_decades])
     used_decades.add(decade)
     return rng.choice(world.cities), decade, rng.choice(world.orgs)
 
@@ -201,12 +198,7 @@ def _distractors(
 
 
 def make_question(
-    rng: random.Random,
-    world: World,
-    qtype: str,
-    n_docs: int | None = None,
-    docs_per_chunk: int = DOCS_PER_CHUNK,
-    neighbours: bool = False,
+    rng: random.Random, world: World, qtype: str, n_docs: int | None = None, docs_per_chunk: int = DOCS_PER_CHUNK
 ) -> tuple[dict[str, Any], tuple]:
     """One question with its own chain and document; returns ``(row_without_id, chain_key)``.
 
@@ -215,8 +207,7 @@ def make_question(
     length sweep asks the same questions of longer and longer documents. ``docs_per_chunk``: whole
     documents per reader chunk (default 2); only the ``chunks`` / ``chunk_documents`` columns
     depend on it. With 1, no chunk holds two facts of one relation, so a reader never has to tell
-    two same-shaped sentences apart (what the kept world reader model cannot do). ``neighbours``
-    (comparison only): the two birth decades are adjacent, the pairs a tiny policy finds hardest.
+    two same-shaped sentences apart (what the kept world reader model cannot do).
     """
     used_decades: set[int] = set()
     if qtype == "bridge":
@@ -235,7 +226,7 @@ def make_question(
     elif qtype == "comparison":
         p1, p2 = rng.sample(world.people, 2)
         f1 = _person_facts(rng, world, p1, used_decades)
-        f2 = _person_facts(rng, world, p2, used_decades, next_to=f1[1] if neighbours else None)
+        f2 = _person_facts(rng, world, p2, used_decades)
         gold = [person_doc(p1, *f1), person_doc(p2, *f2)]
         other_film = rng.choice(world.films)
         near = [film_doc(other_film, p1, f2[0])]
@@ -286,21 +277,17 @@ def world_rows(
     prefix: str = "world",
     n_docs: int | None = None,
     docs_per_chunk: int = DOCS_PER_CHUNK,
-    neighbour_share: float = 0.0,
 ) -> tuple[list[dict[str, Any]], set[tuple]]:
     """``n`` questions, types alternating, chains unique and outside ``exclude``; ``n_docs`` pads each
     document to that many documents (the same questions at every length), ``docs_per_chunk`` sets the
-    reader chunks (see `make_question`). ``neighbour_share``: the probability that a comparison's two
-    birth decades are forced to be neighbours (the others are drawn freely, a fifth of them
-    neighbours by chance); 0 (default) draws nothing extra, so the rows are those of earlier versions."""
+    reader chunks (see `make_question`)."""
     rng = random.Random(f"world-questions-{seed}-{prefix}")
     exclude = set(exclude or ())
     keys: set[tuple] = set()
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
         qtype = QUESTION_TYPES[len(rows) % len(QUESTION_TYPES)]
-        near = bool(neighbour_share) and qtype == "comparison" and rng.random() < neighbour_share
-        row, key = make_question(rng, world, qtype, n_docs, docs_per_chunk, neighbours=near)
+        row, key = make_question(rng, world, qtype, n_docs, docs_per_chunk)
         if key in exclude or key in keys:
             continue
         keys.add(key)
@@ -309,56 +296,33 @@ def world_rows(
 
 
 def world_splits(
-    n_train: int,
-    n_heldout: int,
-    seed: int = 0,
-    docs_per_chunk: int = DOCS_PER_CHUNK,
-    neighbour_share: float = 0.0,
+    n_train: int, n_heldout: int, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
 ) -> dict[str, list[dict[str, Any]]]:
     """``{"train": rows, "heldout": rows}``; held-out chains never occur in training. The questions do
-    not depend on ``docs_per_chunk`` (documents per reader chunk, default 2). ``neighbour_share``
-    weights training comparisons towards neighbouring decades (see `world_rows`); the held-out
-    questions never change with it."""
+    not depend on ``docs_per_chunk`` (documents per reader chunk, default 2)."""
     world = make_world(seed)
     heldout, held_keys = world_rows(n_heldout, seed, world, prefix="heldout", docs_per_chunk=docs_per_chunk)
-    train, _ = world_rows(
-        n_train,
-        seed,
-        world,
-        exclude=held_keys,
-        prefix="train",
-        docs_per_chunk=docs_per_chunk,
-        neighbour_share=neighbour_share,
-    )
+    train, _ = world_rows(n_train, seed, world, exclude=held_keys, prefix="train", docs_per_chunk=docs_per_chunk)
     return {"train": train, "heldout": heldout}
 
 
 def build_world_dataset(
-    out: str | Path,
-    n_train: int = 4000,
-    n_heldout: int = 200,
-    seed: int = 0,
-    docs_per_chunk: int = DOCS_PER_CHUNK,
-    neighbour_share: float = 0.0,
+    out: str | Path, n_train: int = 4000, n_heldout: int = 200, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
 ) -> dict[str, Path]:
     """Write ``<out>/train`` and ``<out>/heldout`` (datasets ``save_to_disk`` folders); returns them."""
     import datasets
 
     if docs_per_chunk < 1:
         raise ValueError(f"docs_per_chunk must be >= 1, got {docs_per_chunk}")
-    if not 0.0 <= neighbour_share <= 1.0:
-        raise ValueError(f"neighbour_share must be in [0, 1], got {neighbour_share}")
     out = Path(out)
     paths = {}
-    for split, rows in world_splits(n_train, n_heldout, seed, docs_per_chunk, neighbour_share).items():
+    for split, rows in world_splits(n_train, n_heldout, seed, docs_per_chunk).items():
         folder = out / split
         datasets.Dataset.from_list(rows).save_to_disk(str(folder))
         paths[split] = folder
     meta = {"n_train": n_train, "n_heldout": n_heldout, "seed": seed}
     if docs_per_chunk != DOCS_PER_CHUNK:  # the default's record stays as it was
         meta["docs_per_chunk"] = docs_per_chunk
-    if neighbour_share:
-        meta["neighbour_share"] = neighbour_share
     (out / "world.json").write_text(json.dumps(meta) + "\n")
     return paths
 

@@ -46,9 +46,6 @@ class CoordConfig(ParserEnvConfig):
             model-served readers, which cannot tell two facts of one relation in a passage apart.
             Data built under ``<output_dir>/data`` is reused only when built with the same settings
             (recorded in ``coordrl_build.json``); otherwise it is rebuilt, with a note on stderr.
-        world_neighbour_share: probability that a ``world`` training comparison is drawn between
-            neighbouring birth decades, the pairs a tiny policy finds hardest (default 0: drawn freely,
-            a fifth of them neighbours); held-out questions never change with it.
         max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
         eval_data: a dataset folder for TRL's periodic evaluation (``sample``: held-out shipped
             HotpotQA train questions), or None for no evaluation.
@@ -102,7 +99,6 @@ class CoordConfig(ParserEnvConfig):
     world_train_size: int = 4000
     world_heldout_size: int = 200
     world_docs_per_chunk: int = 2
-    world_neighbour_share: float = 0.0
     max_train_minutes: float | None = None
     system_prompt: str | None = None
 
@@ -327,8 +323,6 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError("max_turns: must be >= 1")
     if coord.world_docs_per_chunk < 1:
         raise ConfigError(f"world_docs_per_chunk: must be >= 1, got {coord.world_docs_per_chunk}")
-    if not 0.0 <= coord.world_neighbour_share <= 1.0:
-        raise ConfigError(f"world_neighbour_share: must be in [0, 1], got {coord.world_neighbour_share}")
     _check_readers(coord)
     strategy = (
         str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()

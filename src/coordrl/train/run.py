@@ -122,8 +122,6 @@ def _dataset(
             "world_heldout_size": coord.world_heldout_size,
             "world_docs_per_chunk": coord.world_docs_per_chunk,
         }
-        if coord.world_neighbour_share:  # a cache built before the setting existed stays valid
-            settings["world_neighbour_share"] = coord.world_neighbour_share
         _cached_build(
             root,
             "world.json",
@@ -134,7 +132,6 @@ def _dataset(
                 n_heldout=coord.world_heldout_size,
                 seed=coord.seed_data,
                 docs_per_chunk=coord.world_docs_per_chunk,
-                neighbour_share=coord.world_neighbour_share,
             ),
         )
         spec = str(root / ("train" if split == "train" else "heldout"))
