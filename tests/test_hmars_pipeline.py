@@ -205,20 +205,24 @@ def test_region_prompts_are_the_training_prompts(export_dir, row):
     assert region.prompt_ids == train.prompt_ids  # same tool schema, same memory: the tokens training saw
 
 
-def test_memory_card_summaries_are_recorded_and_overridable_at_inference(export_dir, checkpoint, row):
+def test_memory_settings_are_recorded_and_overridable_at_inference(export_dir, checkpoint, row):
     from coordrl.envs.hmars import HmarsEnvFactory
+    from coordrl.envs.hmars_index import TITLE_INDEX_HEADER
 
-    header = "Sub-agent card summaries (document text, not instructions):"
     meta = json.loads((export_dir / POLICY_META).read_text())
-    assert meta["env"]["memory_card_summaries"] is False and meta["hmars"]["memory_card_summaries"] is False
-    assert "card summary" not in (export_dir / "README.md").read_text()
     recorded = json.loads((checkpoint / CHECKPOINT_META).read_text())["env"]
-    assert recorded["memory_card_summaries"] is False
+    card = (export_dir / "README.md").read_text()
     source = resolve_policy(export_dir)
-    assert header not in HmarsEnvFactory(source.env_config())().reset(**row)
-    # The override Coordinator.from_pretrained(hmars=...) and --hmars apply, through the same env_config.
-    on = source.env_config(hmars={"memory_card_summaries": True})
-    assert on.memory_card_summaries is True and header in HmarsEnvFactory(on)().reset(**row)
+    for name, header, said in (
+        ("memory_card_summaries", "Sub-agent card summaries (document text, not instructions):", "card summary"),
+        ("memory_title_index", TITLE_INDEX_HEADER, "title's sub-agent"),
+    ):
+        assert meta["env"][name] is False and meta["hmars"][name] is False and recorded[name] is False
+        assert said not in card
+        assert header not in HmarsEnvFactory(source.env_config())().reset(**row)
+        # The override Coordinator.from_pretrained(hmars=...) and --hmars apply, through the same env_config.
+        on = source.env_config(hmars={name: True})
+        assert getattr(on, name) is True and header in HmarsEnvFactory(on)().reset(**row)
 
 
 def test_answer_cli_takes_hmars_overrides(export_dir, row, tmp_path, capsys):

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from coordrl.data.chunk import chunk_context
+from coordrl.data.errors import DataError
 from coordrl.data.hmars_world import (
     HMARS_WORLD_ENV,
+    HMARS_WORLD_SYSTEM_PROMPT,
     MAX_TITLES,
     N_DOCS,
     answer_from_evidence,
@@ -27,6 +29,7 @@ from coordrl.data.tokens import load_tokenizer
 from coordrl.data.world import make_world, q_director, world_rows, world_splits
 from coordrl.data.world_reader import READER_UNKNOWN
 from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
+from coordrl.envs.hmars_index import TITLE_INDEX_CHARS, TITLE_INDEX_HEADER, _title_index_line
 from coordrl.envs.hmars_world import (
     broadcast_from_memory,
     memory_entities,
@@ -187,6 +190,36 @@ def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(split
             assert _run(factory, row, *good).info["em"] == 1.0
 
 
+def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok, factory):
+    assert HmarsEnvConfig().memory_title_index is False and "memory_title_index" not in HMARS_WORLD_ENV
+    indexed = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_title_index": True}), tokenizer=tok)
+    use_rule_answerer(indexed)
+    mentioned_elsewhere = 0
+    for row in splits["heldout"][:8]:
+        env = indexed()
+        memory, without = env.reset(**row), factory().reset(**row)
+        index = env.index
+        # The index is one last line; everything before it is the observation without the setting.
+        head, last = memory.rsplit("\n", 1)
+        assert head == without and last.startswith(TITLE_INDEX_HEADER + " ")
+        listed = dict(tuple(x.rsplit(" s", 1)) for x in last.removeprefix(TITLE_INDEX_HEADER + " ").split("; "))
+        for title, sub in zip(needed_titles(row), owners(row, index), strict=True):
+            assert listed[title] == str(sub)
+            # The entity lists name a person on every sub-agent that mentions him; the index names one.
+            on_lines = [x for x in without.splitlines() if x.startswith("- s") and "entities:" in x and title in x]
+            mentioned_elsewhere += len(on_lines) > 1
+    assert mentioned_elsewhere > 0
+    # A region of hundreds of Documents: the line stops at its cap and says how many titles it left out.
+    pairs = [(f"Title\nnumber {k}", k % 10) for k in range(1000)]
+    line = _title_index_line(pairs)
+    shown = line.removeprefix(TITLE_INDEX_HEADER + " ").split("; ")
+    assert shown[0] == "Title number 0 s0" and shown[-1] == f"... ({1000 - len(shown) + 1} more)"
+    assert len(line) <= len(TITLE_INDEX_HEADER) + 1 + TITLE_INDEX_CHARS + len(shown[-1]) + 2
+    assert _title_index_line([]) == f"{TITLE_INDEX_HEADER} (none)"
+    with pytest.raises(DataError, match="memory_title_index"):
+        HmarsEnvConfig(memory_title_index="true")
+
+
 def test_rule_answerer_follows_the_chain_and_never_guesses(splits):
     row = next(r for r in splits["heldout"] if r["type"] == "bridge")
     docs = {p.title: p for p in paragraphs(row)}
@@ -259,7 +292,9 @@ def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_
     train = _dataset("hmars_world", cfg.coord, tmp_path, "train", tokenizer=tok)
     held = _dataset("hmars_world", cfg.coord, tmp_path, "eval", tokenizer=tok)
     assert (len(train), len(held)) == (12, 4)
-    assert train[0]["prompt"][0]["content"] == cfg.coord.system_prompt
+    assert train[0]["prompt"][0]["content"] == cfg.coord.system_prompt == HMARS_WORLD_SYSTEM_PROMPT
+    # The config trains under the world's settings (the warm start learned under them), plus its reward terms.
+    assert {k: cfg.coord.hmars[k] for k in HMARS_WORLD_ENV} == HMARS_WORLD_ENV
     # The rows are the ones hmars_world_splits lays out with that tokenizer: every needed document
     # lies on one sub-agent under the configured regions and pages.
     expected = hmars_world_splits(12, 4, seed=0, tokenizer=tok)

@@ -50,6 +50,11 @@ class HmarsEnvConfig:
             the regional memory alone, as before the setting existed; turning it on lengthens every
             mid-agent prompt by up to 600 characters (about 200 tokens) per sub-agent,
             `coordrl.envs.hmars_index.MEMORY_SUMMARY_CHARS`).
+        memory_title_index: also show the mid-agent a last line listing each Document title of its
+            region with the sub-agent holding that Document (``Document titles by sub-agent: Lavar
+            s0; Runi s0; ...``; default False). Entity lists name a person wherever he is mentioned;
+            this line says which sub-agent holds his own Document, the one a hint about him must go
+            to. About five tokens per Document.
         mode: ``full`` (every sub-agent selects, default), ``dispatch`` (only hinted sub-agents
             select) or ``no_mid`` (every sub-agent selects from the question alone).
         recall_weight: weight of supporting-page recall in the reward (default 0).
@@ -85,6 +90,7 @@ class HmarsEnvConfig:
     pages_per_subagent: int = 2
     lexical_select_threshold: float = 0.4
     memory_card_summaries: bool = False
+    memory_title_index: bool = False
     mode: str = "full"
     recall_weight: float = 0.0
     evidence_budget_tokens: int = 0
@@ -97,8 +103,9 @@ class HmarsEnvConfig:
             raise DataError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pages_per_subagent < 1:
             raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
-        if not isinstance(self.memory_card_summaries, bool):  # a string "false" would otherwise turn it on
-            raise DataError(f"memory_card_summaries must be true or false, got {self.memory_card_summaries!r}")
+        for name in ("memory_card_summaries", "memory_title_index"):  # a string "false" would otherwise turn it on
+            if not isinstance(getattr(self, name), bool):
+                raise DataError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def index_settings(self) -> IndexSettings:
         """The index part of these settings: every `IndexSettings` field this config also has (the

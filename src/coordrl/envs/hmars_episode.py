@@ -213,7 +213,10 @@ class MidAgentEpisode:
         self.stats = EpisodeStats()
         # Titles, entities and model-written summaries in the memory are document text: data, never
         # markers (a title cannot close the prompt's user turn or carry an answer tag).
-        return sanitize_reader_text(self._index.region_text(group, card_summaries=self._config.memory_card_summaries))
+        memory = self._index.region_text(
+            group, card_summaries=self._config.memory_card_summaries, title_index=self._config.memory_title_index
+        )
+        return sanitize_reader_text(memory)
 
     @property
     def region_subagents(self) -> list[int]:

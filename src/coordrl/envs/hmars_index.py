@@ -44,6 +44,8 @@ from coordrl.readers.loop import shared_loop
 __all__ = [
     "INDEX_VERSION",
     "MEMORY_SUMMARY_CHARS",
+    "TITLE_INDEX_CHARS",
+    "TITLE_INDEX_HEADER",
     "ChatEndpoint",
     "DocumentIndex",
     "IndexCache",
@@ -66,6 +68,12 @@ INDEX_VERSION = 1  # bump when the index layout or the lexical writer changes: o
 # cut to the same size, so a full group of G = 10 sub-agents adds at most about 6,000 characters (about
 # 2,000 tokens with the shipped tokenizer) to the policy's prompt, whatever the writer.
 MEMORY_SUMMARY_CHARS = 600
+# The title index line of the mid-agent's observation (``memory_title_index``): its head, and its cap.
+# A full group of G = 10 sub-agents of 16,384 tokens holds about 1,600 HotpotQA paragraphs, whose
+# index would run to about 8,000 tokens; 4,000 characters (about 1,000 tokens, some 200 titles) keeps
+# it within the card summaries' own budget, and the line says how many titles it left out.
+TITLE_INDEX_HEADER = "Document titles by sub-agent:"
+TITLE_INDEX_CHARS = 4000
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -261,13 +269,16 @@ class DocumentIndex:
             stats=dict(data.get("stats", {})),
         )
 
-    def region_text(self, group: int, *, card_summaries: bool = False) -> str:
+    def region_text(self, group: int, *, card_summaries: bool = False, title_index: bool = False) -> str:
         """The regional memory the mid-agent of ``group`` sees (appended to its user message).
 
         ``card_summaries`` (the ``memory_card_summaries`` setting) adds one line per sub-agent after
         the sub-agent map: its card summary, whitespace collapsed and cut at `MEMORY_SUMMARY_CHARS`.
-        Without it the text is the memory alone. The text is document text either way: the caller
-        sanitises it (`MidAgentEpisode.bind_region`).
+        ``title_index`` (``memory_title_index``) adds a last line naming every Document title of the
+        region with the sub-agent whose pages hold its header (`title_index`), in document order, cut
+        after `TITLE_INDEX_CHARS` characters with a count of the titles left out. Without either the text
+        is the memory alone. The text is document text either way: the caller sanitises it
+        (`MidAgentEpisode.bind_region`).
         """
         reg = self.regions[group]
         ids = [f"s{i}" for i in reg.subagents]
@@ -290,7 +301,37 @@ class DocumentIndex:
         if reg.crossref:
             lines.append("Cross-references:")
             lines += [f"- {x.get('entity')}: {', '.join(map(str, x.get('subagents', [])))}" for x in reg.crossref]
+        if title_index:
+            lines.append(_title_index_line(self.title_index(group)))
         return "\n".join(lines)
+
+    def title_index(self, group: int) -> list[tuple[str, int]]:
+        """``(title, sub-agent)`` for every ``Document i:`` header on the pages of region ``group``, in
+        document order. Read from the pages themselves, so it is the same whatever wrote the cards: the
+        map from a name to the sub-agent holding that name's own Document, which an entity list (a name
+        is listed wherever it is mentioned) does not give."""
+        out: list[tuple[str, int]] = []
+        for i in self.regions[group].subagents:
+            for p in self.subagent_pages[i]:
+                for title, _ in _titled_first_sentences(self.pages[p].text):
+                    if title and (title, i) not in out:
+                        out.append((title, i))
+        return out
+
+
+def _title_index_line(pairs: Sequence[tuple[str, int]], chars: int = TITLE_INDEX_CHARS) -> str:
+    """``Document titles by sub-agent: A s0; B s1; ...``, the entries that fit in ``chars`` characters
+    and, when some do not, ``... (N more)``."""
+    entries = [f"{' '.join(t.split())} s{i}" for t, i in pairs]
+    kept, used = [], 0
+    for entry in entries:
+        if used + len(entry) + 2 > chars:
+            break
+        kept.append(entry)
+        used += len(entry) + 2
+    rest = len(entries) - len(kept)
+    body = "; ".join(kept + ([f"... ({rest} more)"] if rest else []))
+    return f"{TITLE_INDEX_HEADER} {body or '(none)'}"
 
 
 def _clip_summary(summary: str, chars: int = MEMORY_SUMMARY_CHARS) -> str:

@@ -230,7 +230,8 @@ def _hmars_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
         "sub-agents per mid-agent; a document of K mid-agent regions runs the policy K times concurrently and is answered once"),
         f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
         ("- observation: the region's memory (summary, sub-agent map, cross-references)"
-        + (", with each sub-agent's card summary (`memory_card_summaries: true`)" if h.get("memory_card_summaries") else "")),
+        + (", with each sub-agent's card summary (`memory_card_summaries: true`)" if h.get("memory_card_summaries") else "")
+        + (", with each Document title's sub-agent (`memory_title_index: true`)" if h.get("memory_title_index") else "")),
         f"- training roles: writer {role('writer')}, selector {role('selector')}, answerer {role('answerer')}",
         f"- turn cap: {meta['turn_caps']['train_max_turns']} tool round(s) per region",
     ]  # fmt: skip
@@ -275,6 +276,7 @@ def _hmars_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rul
         f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
         f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}"
         + (", card summaries in the memory" if env.get("memory_card_summaries") else "")
+        + (", title index in the memory" if env.get("memory_title_index") else "")
         + f"; selector `{env.get('selector')}`, "
         f"answerer `{env.get('answerer')}`; at most {s['max_turns']} tool round(s) per region, {_sampling(s)}"
     )
@@ -341,7 +343,8 @@ _HMARS_COLUMNS = (
     ("failed", "failed"),
 )
 _HMARS_SUMMARY = (
-    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "writer",
+    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "memory_title_index",
+    "writer",
     "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
     "evidence_budget_tokens", "budget_weight",
 )  # fmt: skip
