@@ -310,13 +310,15 @@ class DocumentIndex:
         document order. Read from the pages themselves, so it is the same whatever wrote the cards: the
         map from a name to the sub-agent holding that name's own Document, which an entity list (a name
         is listed wherever it is mentioned) does not give."""
-        out: list[tuple[str, int]] = []
-        for i in self.regions[group].subagents:
-            for p in self.subagent_pages[i]:
-                for title, _ in _titled_first_sentences(self.pages[p].text):
-                    if title and (title, i) not in out:
-                        out.append((title, i))
-        return out
+        # A dict keeps document order and drops repeats in one pass (a region can hold 1,000+ titles).
+        found = {
+            (title, i): None
+            for i in self.regions[group].subagents
+            for p in self.subagent_pages[i]
+            for title, _ in _titled_first_sentences(self.pages[p].text)
+            if title
+        }
+        return list(found)
 
 
 def _title_index_line(pairs: Sequence[tuple[str, int]], chars: int = TITLE_INDEX_CHARS) -> str:

@@ -344,8 +344,7 @@ _HMARS_COLUMNS = (
 )
 _HMARS_SUMMARY = (
     "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "memory_title_index",
-    "writer",
-    "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
+    "writer", "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
     "evidence_budget_tokens", "budget_weight",
 )  # fmt: skip
 
