@@ -16,7 +16,10 @@ different sub-agents) and runs every question through the environment training u
   ``memory_card_summaries`` on), and ``memory, no cards`` on the observation with the setting off (the
   regional memory alone, the environment's default);
 - ``dispatch`` (only hinted sub-agents select) with the good broadcast, and ``no_mid`` (every
-  sub-agent selects from the question alone, whatever the broadcast).
+  sub-agent selects from the question alone, whatever the broadcast);
+- ``whole``: the selector scores the interpretation and each hint as one query part
+  (``lexical_query_sentences`` off; the world scores each of their sentences alone), so the two
+  questions of one interpretation dilute each other and only a hint on the right sub-agent selects.
 
 It also reports what the observation holds: whether each needed name is on its sub-agent's line
 (routing readable), whether the bridge's director is named, and whether "film F was directed by P"
@@ -61,7 +64,6 @@ from coordrl.envs.hmars_world import (
 )
 
 Broadcast = Callable[[dict[str, Any], str, DocumentIndex], tuple[str, dict[str, str]]]
-CARDS = HMARS_WORLD_ENV["memory_card_summaries"]
 
 
 def _scripted(kind: str) -> Broadcast:
@@ -72,18 +74,24 @@ def _from_memory(row: dict[str, Any], memory: str, index: DocumentIndex) -> tupl
     return broadcast_from_memory(row["question"], memory)
 
 
-# (variant, mode, memory_card_summaries, broadcast); the scripted broadcasts do not read the
-# observation, so only the memory reader runs with the setting both ways.
-VARIANTS: list[tuple[str, str, bool, Broadcast]] = [
-    ("question", "full", CARDS, _scripted("question")),
-    ("good", "full", CARDS, _scripted("good")),
-    ("first_hop", "full", CARDS, _scripted("first_hop")),
-    ("interpretation_only", "full", CARDS, _scripted("interpretation_only")),
-    ("misrouted", "full", CARDS, _scripted("misrouted")),
-    ("memory", "full", CARDS, _from_memory),
-    ("memory, no cards", "full", not CARDS, _from_memory),
-    ("good", "dispatch", CARDS, _scripted("good")),
-    ("good", "no_mid", CARDS, _scripted("good")),
+# (variant, mode, settings that differ from HMARS_WORLD_ENV, broadcast); the scripted broadcasts do not
+# read the observation, so only the memory reader runs without the card summaries. The ``whole`` rows
+# score the interpretation and each hint as one query part (``lexical_query_sentences`` off).
+NO_CARDS = (("memory_card_summaries", False),)
+WHOLE = (("lexical_query_sentences", False),)
+VARIANTS: list[tuple[str, str, tuple[tuple[str, bool], ...], Broadcast]] = [
+    ("question", "full", (), _scripted("question")),
+    ("good", "full", (), _scripted("good")),
+    ("first_hop", "full", (), _scripted("first_hop")),
+    ("interpretation_only", "full", (), _scripted("interpretation_only")),
+    ("misrouted", "full", (), _scripted("misrouted")),
+    ("interpretation_only, whole", "full", WHOLE, _scripted("interpretation_only")),
+    ("misrouted, whole", "full", WHOLE, _scripted("misrouted")),
+    ("good, whole", "full", WHOLE, _scripted("good")),
+    ("memory", "full", (), _from_memory),
+    ("memory, no cards", "full", NO_CARDS, _from_memory),
+    ("good", "dispatch", (), _scripted("good")),
+    ("good", "no_mid", (), _scripted("good")),
 ]
 ANSWERERS = ("rule", "lexical")
 
@@ -115,22 +123,22 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = hmars_world_splits(0, 2 * n_per_type, seed, tokenizer=tok)["heldout"]
     build_s = time.perf_counter() - t0
-    factories: dict[tuple[str, bool, str], HmarsEnvFactory] = {}
-    for mode, cards in sorted({(mode, cards) for _, mode, cards, _ in VARIANTS}):
+    factories: dict[tuple[str, tuple[tuple[str, bool], ...], str], HmarsEnvFactory] = {}
+    for mode, changed in sorted({(mode, changed) for _, mode, changed, _ in VARIANTS}):
         for answerer in ANSWERERS:
-            settings = {**HMARS_WORLD_ENV, "mode": mode, "memory_card_summaries": cards}
+            settings = {**HMARS_WORLD_ENV, "mode": mode, **dict(changed)}
             f = HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tok)
             if answerer == "rule":
                 use_rule_answerer(f)
-            factories[(mode, cards, answerer)] = f
+            factories[(mode, changed, answerer)] = f
     results: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     observed: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     shapes: dict[str, list[float]] = defaultdict(list)
     t0 = time.perf_counter()
     for row in rows:
-        for variant, mode, cards, broadcast in VARIANTS:
+        for variant, mode, changed, broadcast in VARIANTS:
             for answerer in ANSWERERS:
-                env = factories[(mode, cards, answerer)]()
+                env = factories[(mode, changed, answerer)]()
                 memory = env.reset(**row).strip()
                 interpretation, hints = broadcast(row, memory, env.index)
                 reply = asyncio.run(env.broadcast(interpretation, hints))
@@ -143,8 +151,8 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
                     for key in ("recall", "pages_selected", "evidence_tokens"):
                         r[key].append(info[key])
         observations = {}
-        for cards in (True, False):
-            env = factories[("full", cards, "rule")]()
+        for cards, changed in ((True, ()), (False, NO_CARDS)):
+            env = factories[("full", changed, "rule")]()
             observations[cards] = env.reset(**row).strip()
         for key, value in observation_check(row, observations, env.index, tok).items():
             observed[row["type"]][key].append(value)
@@ -190,17 +198,19 @@ def print_report(out: dict[str, Any]) -> None:
     )
     print(
         "roles: writer lexical, selector lexical (threshold "
-        f"{s['lexical_select_threshold']}, {s['pages_per_subagent']} page per sub-agent); answer: rule "
+        f"{s['lexical_select_threshold']}, {s['pages_per_subagent']} page per sub-agent"
+        + (", each query sentence scored alone" if s.get("lexical_query_sentences") else "")
+        + "); answer: rule "
         "(model-free reader of the selected pages) and lexical (the CPU config's, answers a sentence); observation: "
         + ("regional memory + card summaries" if s.get("memory_card_summaries") else "regional memory")
     )
     print(f"{out['episodes']} episodes in {out['episodes_s']} s (world built in {out['build_s']} s)\n")
-    head = f"{'broadcast':<20} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6} {'recall':>6} {'pages':>5} {'ev.tok':>6}"
+    head = f"{'broadcast':<26} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6} {'recall':>6} {'pages':>5} {'ev.tok':>6}"
     print(head)
     print("-" * len(head))
     for r in out["table"]:
         print(
-            f"{r['variant']:<20} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f} "
+            f"{r['variant']:<26} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f} "
             f"{r['recall']:>6.3f} {r['pages_selected']:>5.2f} {r['evidence_tokens']:>6.1f}"
         )
     print("\nwhat the mid-agent can read (share of questions; tokens_*: mean tokens of the observation):")

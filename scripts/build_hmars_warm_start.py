@@ -7,9 +7,12 @@ by TRL's template, the ``broadcast`` tool call, the tool result, the answer turn
 deliberately imperfect: a fraction ``--p-good`` (default 0.35) broadcast the good broadcast (both
 queries, each routed to the sub-agent holding its name; the bridge's second query names the director,
 read from the film's card summary); the rest are ``first_hop`` (half of them), ``misrouted`` and
-``interpretation_only`` (a quarter each), which the rule answer role cannot answer from. So the warm
-start has seen every part of the good broadcast but usually sends a partial one, and GRPO has
-something to improve.
+``interpretation_only`` (a quarter each), which the rule answer role cannot answer from when each
+query part is scored whole. So the warm start has seen every part of the good broadcast but usually
+sends a partial one, and GRPO has something to improve. The demonstrations' tool results and answers
+are played with whole query parts (``lexical_query_sentences`` off), as the kept warm start was
+built; the world scores each query sentence alone, where ``misrouted`` and ``interpretation_only``
+would be answered too. Either way the answer turn copies the tool result's answer.
 
 Entity names and digits (sub-agent ids) in demonstrations weigh ``--name-weight`` in the loss: they
 are a few tokens among dozens of fixed JSON ones.
@@ -78,7 +81,8 @@ def build(
         model = AutoModelForCausalLM.from_pretrained(str(init), use_safetensors=True, dtype=torch.float32)
         codec = ChatCodec(tok)
         splits = hmars_world_splits(n_train, n_eval, seed=0, tokenizer=tok)
-        factory = make_hmars_env_factory(tok)
+        # Whole query parts, as the kept warm start's demonstrations were played (see the docstring).
+        factory = make_hmars_env_factory(tok, lexical_query_sentences=False)
         try:
             good = [hmars_demo_ids(row, "good", codec, factory) for row in splits["train"]]
             bad = {k: [hmars_demo_ids(row, k, codec, factory) for row in splits["train"]] for k in BAD_KINDS}

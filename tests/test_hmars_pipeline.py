@@ -208,6 +208,7 @@ def test_region_prompts_are_the_training_prompts(export_dir, row):
 def test_memory_settings_are_recorded_and_overridable_at_inference(export_dir, checkpoint, row):
     from coordrl.envs.hmars import HmarsEnvFactory
     from coordrl.envs.hmars_index import TITLE_INDEX_HEADER
+    from coordrl.envs.protocols import _hmars_card_section
 
     meta = json.loads((export_dir / POLICY_META).read_text())
     recorded = json.loads((checkpoint / CHECKPOINT_META).read_text())["env"]
@@ -223,6 +224,12 @@ def test_memory_settings_are_recorded_and_overridable_at_inference(export_dir, c
         # The override Coordinator.from_pretrained(hmars=...) and --hmars apply, through the same env_config.
         on = source.env_config(hmars={name: True})
         assert getattr(on, name) is True and header in HmarsEnvFactory(on)().reset(**row)
+    # The selector setting is recorded too, and applies at inference when overridden.
+    assert meta["env"]["lexical_query_sentences"] is False and recorded["lexical_query_sentences"] is False
+    assert "lexical_query_sentences" not in card
+    on_meta = {**meta, "hmars": {**meta["hmars"], "lexical_query_sentences": True}}
+    assert "(`lexical_query_sentences: true`)" in "\n".join(_hmars_card_section(on_meta, POLICY_META))
+    assert source.env_config(hmars={"lexical_query_sentences": True}).lexical_query_sentences is True
 
 
 def test_answer_cli_takes_hmars_overrides(export_dir, row, tmp_path, capsys):

@@ -63,6 +63,13 @@ def factory_without_cards(tok):
     return f
 
 
+@pytest.fixture(scope="module")
+def factory_whole_queries(tok):
+    f = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "lexical_query_sentences": False}), tokenizer=tok)
+    use_rule_answerer(f)
+    return f
+
+
 def _key(row):
     chain = json.loads(row["chain"])
     if row["type"] == "bridge":
@@ -139,7 +146,9 @@ def _run(factory, row, interpretation, hints):
     return env
 
 
-def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_misses_the_second_hop(splits, factory):
+def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_misses_the_second_hop(
+    splits, factory, factory_whole_queries
+):
     rows = splits["heldout"][:6]  # three of each type
     for row in rows:
         env = factory()
@@ -155,8 +164,16 @@ def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_miss
         first = _run(factory, row, *scripted_broadcast("first_hop", row, index))
         first_doc = document_number(row, needed_titles(row)[0])
         assert first_doc in {d for p in first.episode.stats.pages for d in index.pages[p].documents}
-        misrouted = _run(factory, row, *scripted_broadcast("misrouted", row, index))
+        # The world scores each sentence of a query part alone (lexical_query_sentences): an interpretation
+        # that asks both questions selects both pages wherever the hints go. Whole, the two questions
+        # dilute each other and only a hint on the right sub-agent selects the page.
+        for kind in ("misrouted", "interpretation_only"):
+            sentences = _run(factory, row, *scripted_broadcast(kind, row, index))
+            assert sentences.info["recall"] == 1.0 and sentences.info["em"] == 1.0, kind
+        misrouted = _run(factory_whole_queries, row, *scripted_broadcast("misrouted", row, index))
         assert misrouted.info["recall"] < 1.0
+        question = _run(factory_whole_queries, row, *scripted_broadcast("question", row, index))
+        assert question.info["em"] == 0.0
 
 
 def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(splits, factory, factory_without_cards):
@@ -216,8 +233,9 @@ def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok
     assert shown[0] == "Title number 0 s0" and shown[-1] == f"... ({1000 - len(shown) + 1} more)"
     assert len(line) <= len(TITLE_INDEX_HEADER) + 1 + TITLE_INDEX_CHARS + len(shown[-1]) + 2
     assert _title_index_line([]) == f"{TITLE_INDEX_HEADER} (none)"
-    with pytest.raises(DataError, match="memory_title_index"):
-        HmarsEnvConfig(memory_title_index="true")
+    for name in ("memory_title_index", "lexical_query_sentences"):
+        with pytest.raises(DataError, match=name):
+            HmarsEnvConfig(**{name: "true"})
 
 
 def test_rule_answerer_follows_the_chain_and_never_guesses(splits):
@@ -267,7 +285,7 @@ def test_demonstrations_render_the_broadcast_and_the_reported_answer_with_loss_o
     codec, f = ChatCodec(tok), make_hmars_env_factory(tok)
     try:
         row = next(r for r in splits["train"] if r["type"] == "comparison")
-        for kind, answer in (("good", row["answers"][0]), ("misrouted", READER_UNKNOWN)):
+        for kind, answer in (("good", row["answers"][0]), ("first_hop", READER_UNKNOWN)):
             ids, mask = hmars_demo_ids(row, kind, codec, f)
             assert len(ids) == len(mask)
             learned = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])

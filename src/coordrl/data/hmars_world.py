@@ -17,12 +17,14 @@ The needed documents (`needed_titles`): bridge "In which city was the director o
 needs F's document ("The film F was directed by P ...") and P's ("P was born in the city of C ...");
 comparison "Who was born earlier, P1 or P2?" needs P1's and P2's (their birth decades). With the
 lexical selector at `HMARS_WORLD_ENV`'s threshold, the question alone selects neither: a page is
-selected when one query part (question, interpretation or hint) is mostly covered by one of its
-sentences, and the question's words are spread over two documents (bridge) or name a second person
-(comparison). A hint that names the entity of the sub-agent's own page in the page's words (the world's
-lead-agent queries, `q_director`, `q_city`, `q_decade`, or the bare name) selects it; the same hint sent
-to the wrong sub-agent mostly does not. So the broadcast must carry the bridge entity (the director, which the
-question does not name) and route each name to the sub-agent that holds it.
+selected when one query sentence (of the question, interpretation or hint: `lexical_query_sentences`)
+is mostly covered by one of its sentences, and the question's words are spread over two documents
+(bridge) or name a second person (comparison). A question in the page's own words that names its
+entity (the world's lead-agent queries, `q_director`, `q_city`, `q_decade`) selects it. So the
+broadcast must ask one question per needed document, and the bridge's second question must name the
+entity the question does not (the director). With each query part scored whole (the setting off)
+routing matters too: two questions in one interpretation dilute each other, and only a hint on the
+sub-agent that holds its name selects the page.
 
 Page boundaries depend on the tokenizer the environment cuts pages with (the policy's in training, the
 shipped one otherwise): lay rows out with that tokenizer (``tokenizer=``).
@@ -79,7 +81,9 @@ __all__ = [
 # person still reaches 0.4 on another person's page; at 0.5 the name must match. Card summaries in the
 # mid-agent's memory: the regional memory names the bridge question's director but only the film's card
 # summary ("F: The film F was directed by P ...") says he directed F, so without them a policy reading
-# its observation can only guess the second hop.
+# its observation can only guess the second hop. Each query sentence scored alone: the broadcast is
+# judged on the questions it asks (the bridge entity above all), not on routing each to its sub-agent,
+# a lookup a four-layer policy did not learn in 680 SFT steps (docs/hmars_world.md).
 HMARS_WORLD_ENV: dict[str, Any] = {
     "c_sub": 128,
     "page_tokens": 64,
@@ -87,6 +91,7 @@ HMARS_WORLD_ENV: dict[str, Any] = {
     "pages_per_subagent": 1,
     "lexical_select_threshold": 0.5,
     "memory_card_summaries": True,
+    "lexical_query_sentences": True,
 }
 # The mid-agent's system prompt on this world (`configs/hmars_world_cpu.yaml`, the HMARS warm start):
 # short, because the tiny world policy reads it at every step and the protocol's own prompt is written

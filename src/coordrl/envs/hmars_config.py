@@ -55,6 +55,10 @@ class HmarsEnvConfig:
             s0; Runi s0; ...``; default False). Entity lists name a person wherever he is mentioned;
             this line says which sub-agent holds his own Document, the one a hint about him must go
             to. About five tokens per Document.
+        lexical_query_sentences: the lexical selector scores each sentence of the question, the
+            interpretation and the hint as its own query part (default False: each part whole). An
+            interpretation that asks two questions then selects each question's page, as a retriever
+            that runs one query per sub-question would; whole, two questions dilute each other.
         mode: ``full`` (every sub-agent selects, default), ``dispatch`` (only hinted sub-agents
             select) or ``no_mid`` (every sub-agent selects from the question alone).
         recall_weight: weight of supporting-page recall in the reward (default 0).
@@ -91,6 +95,7 @@ class HmarsEnvConfig:
     lexical_select_threshold: float = 0.4
     memory_card_summaries: bool = False
     memory_title_index: bool = False
+    lexical_query_sentences: bool = False
     mode: str = "full"
     recall_weight: float = 0.0
     evidence_budget_tokens: int = 0
@@ -103,7 +108,8 @@ class HmarsEnvConfig:
             raise DataError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pages_per_subagent < 1:
             raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
-        for name in ("memory_card_summaries", "memory_title_index"):  # a string "false" would otherwise turn it on
+        # A string "false" would otherwise turn a switch on.
+        for name in ("memory_card_summaries", "memory_title_index", "lexical_query_sentences"):
             if not isinstance(getattr(self, name), bool):
                 raise DataError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

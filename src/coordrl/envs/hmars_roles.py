@@ -18,7 +18,7 @@ from coordrl.envs.hmars_config import _SUB_ID, HmarsEnvConfig
 from coordrl.envs.hmars_index import Page, make_chat_endpoint, parse_json_object
 from coordrl.envs.hmars_prompts import selector_messages
 from coordrl.readers.base import ReaderResult
-from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences
+from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences, split_sentences
 from coordrl.readers.prompt import sanitize_reader_text
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
 
@@ -109,9 +109,12 @@ class Backends:
 
     def _lexical_select(self, pages: Sequence[Page], parts: Sequence[str]) -> Selection:
         """Score each page by the best LexicalReader coverage over the query parts (question,
-        interpretation, hint: each alone, so a precise hint is not diluted by a long question),
-        keep the top ``pages_per_subagent`` at or above the threshold."""
+        interpretation, hint: each alone, so a precise hint is not diluted by a long question; with
+        ``lexical_query_sentences`` each of their sentences alone), keep the top ``pages_per_subagent``
+        at or above the threshold."""
         c = self.config
+        if c.lexical_query_sentences:
+            parts = [sentence for part in parts for sentence in split_sentences(part)]
         scored = []
         for page in pages:
             key = f"hmars-page:{page.index}:{page.char_start}:{len(page.text)}"

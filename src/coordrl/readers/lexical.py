@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from coordrl.readers.base import UNKNOWN, ReaderRequest, ReaderResult
 from coordrl.readers.prompt import sanitize_reader_text
 
-__all__ = ["LexicalReader", "content_words", "split_chunk_sentences"]
+__all__ = ["LexicalReader", "content_words", "split_chunk_sentences", "split_sentences"]
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 # A header only counts at the start of a line, as render_context writes it.
 _DOC_HEADER = re.compile(r"^Document \d+:\n", re.MULTILINE)
 # A candidate sentence end: terminal punctuation, optional closing quote/bracket, whitespace, then
-# something that can start a sentence. Abbreviations are filtered out in _split_sentences.
+# something that can start a sentence. Abbreviations are filtered out in split_sentences.
 _SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
 _LAST_WORD = re.compile(r"([^\W\d_]+)\.$")
 # Words whose trailing period rarely ends a sentence ("Edward Davis Wood Jr. (October 10, 1924").
@@ -253,11 +253,13 @@ def split_chunk_sentences(chunk_text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for title, body in pieces:
         for line in body.split("\n"):
-            out.extend((title, sentence) for sentence in _split_sentences(line))
+            out.extend((title, sentence) for sentence in split_sentences(line))
     return out
 
 
-def _split_sentences(text: str) -> list[str]:
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut into its sentences (stripped, empty ones dropped); an initial or a known
+    abbreviation followed by a period does not end a sentence."""
     sentences: list[str] = []
     start = 0
     for match in _SENTENCE_END.finditer(text):
