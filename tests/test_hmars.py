@@ -1,8 +1,8 @@
 """The HMARS mid-agent protocol: indexing, broadcast, selection, answering, ablations, faults, K > 1.
 
 Lexical backends on the shipped HotpotQA sample (two ~30K-token samples at 200 paragraphs) with
-small regions (c_sub 4,096, pages of 512 tokens: 8 or 9 sub-agents per sample). The last test
-serves the selector role from the real vLLM CPU server (tiny random model) when ``.venv-vllm`` exists.
+small regions (c_sub 4,096, pages of 512 tokens: 8 or 9 sub-agents per sample). The selector role on
+the real vLLM CPU server is tested in test_vllm_cpu_integration.py, which starts that server once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 
 import pytest
 from transformers.utils import get_json_schema
-from vllm_cpu import free_port, vllm_python_or_skip
+from vllm_cpu import free_port
 
 from coordrl.cli.index import add_index_parser
 from coordrl.data import BuildConfig, build_dataset
@@ -484,46 +484,3 @@ def _bound(f, row):
     env = f()
     env.reset(**row)
     return env
-
-
-# -- the real vLLM CPU server ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def selector_server(tmp_path_factory):
-    python = vllm_python_or_skip()
-    from coordrl.readers.serve import start_reader_servers
-    from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
-
-    model_dir = str(build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=0))
-    group = start_reader_servers(
-        model_dir, cpu=True, port_base=free_port(), python=python, max_model_len=2048, cpu_memory_fraction=0.15,
-        extra_args=["--enforce-eager"], startup_timeout_s=400, log_dir=tmp_path_factory.mktemp("selector-logs"),
-    )  # fmt: skip
-    with group:
-        yield group.servers[0].url, model_dir
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_selector_role_on_the_real_vllm_cpu_server(selector_server, samples, tok):
-    url, model_dir = selector_server
-    # Short page excerpts keep every selector prompt inside the tiny server's 2,048-token context.
-    f = _factory(
-        tok,
-        selector=url,
-        selector_model=model_dir,
-        selector_api_key_env=None,
-        selector_max_tokens=16,
-        selector_page_chars=250,
-    )
-    env = f()
-    env.reset(**samples[0])
-    obs = asyncio.run(env.broadcast("Nationalities of Scott Derrickson and Ed Wood", GOOD_HINTS))
-    info = env.info
-    f.close()
-    # Every sub-agent's selection went to the server; the random model's replies are not JSON, so each
-    # fell back to lexical selection and was counted as a parse failure, never an error to the policy.
-    assert info["endpoint_calls"] == info["participants"] == 8 and info["backend_errors"] == 0, obs
-    assert info["parse_failures"] == 8 and info["recall"] == 1.0 and "Answer: " in obs

@@ -6,14 +6,13 @@ concurrent tools, masked observations), then held-out exact match, sampled at te
 ``N_EVAL`` questions whose chains never occur in training.
 
 Threshold: ``MIN_GAIN`` = 30 points of sampled held-out exact match. Measured with exactly this
-setup on the 2-core machine (the kept warm start, bf16 autocast on AVX512-BF16 cores): +58 points for
-training seed 0 (32% -> 90%); 40 steps gave +48. On an AVX2-only 2-core EPYC (``bf16: auto`` resolves
-to fp32 there): +65 points (32% -> 97%), 8.5 minutes. In the full benchmark (5 minutes, 200 questions, each seed
-sampling with its own seed) +65.0 to +72.0 points, stdev 3.6. Noise without learning: the same warm
-start evaluated with different sampling seeds moves by up to 10 points on 60 questions. So 30 is
-about 8 standard deviations below the measured gain and 3 times the noise: a broken loss mask,
-reward, tool loop or config fails it; seed luck does not. 60 optimizer steps (30 generation
-batches) take about 1.5 minutes on 2 AVX512-BF16 cores, evaluation included (8.5 on the EPYC).
+setup on a 2-core AVX2-only EPYC (``bf16: auto`` resolves to fp32 there), one 40-step run evaluated at
+every 10 steps: 32% -> 68% (10 steps), 90% (20), 82% (30), 95% (40); 20 steps take about 1.5 minutes,
+the whole test about 2. Earlier 60-step runs: +65 points on that machine, +58 on AVX512-BF16 cores
+(bf16 autocast); the full benchmark (200 questions, each seed sampling with its own seed) +65.0 to
++72.0 points, stdev 3.6. Noise without learning: the same warm start evaluated with different sampling
+seeds moves by up to 10 points on 60 questions. So 30 is 28 points below the measured gain and 3 times
+the noise: a broken loss mask, reward, tool loop or config fails it; seed luck does not.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from coordrl.train.config import load_config
 from coordrl.train.run import train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml"
-STEPS = 60
+STEPS = 20
 N_EVAL = 60
 MIN_GAIN = 30.0
 

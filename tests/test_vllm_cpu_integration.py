@@ -2,8 +2,9 @@
 
 Needs ``.venv-vllm`` (``scripts/setup_vllm_cpu.sh``; or an interpreter with vllm in
 ``$COORDRL_VLLM_PYTHON``). The model is the tiny random Qwen3 from ``build_tiny_qwen3``: answers are
-gibberish, which is fine: the tests check transport, prefix caching and fault recovery, not quality.
-One server start per module (about 25 s with ``--enforce-eager``) plus one restart in the outage test.
+gibberish, which is fine: the tests check transport, prefix caching, the HMARS selector role and fault
+recovery, not quality. One server start for the module (about 50 s on 2 cores with ``--enforce-eager``)
+plus one restart in the outage test, which runs last.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from pathlib import Path
 import pytest
 from vllm_cpu import free_port, vllm_python_or_skip
 
+from coordrl.data import BuildConfig, build_dataset
 from coordrl.data.chunk import chunk_context
 from coordrl.data.layout import render_context
 from coordrl.data.records import load_records
+from coordrl.data.show import load_built
 from coordrl.data.tokenizer import load_shipped_tokenizer
+from coordrl.data.tokens import load_tokenizer
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
 from coordrl.readers.base import ReaderRequest
 from coordrl.readers.openai_fleet import OpenAIReaderFleet, health
 from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
@@ -148,6 +153,31 @@ def test_rollout_cli_episode_against_the_real_reader_server(server, model_dir, t
     assert info["reader_calls"] == info["chunks"] >= 2 and info["reader_errors"] == 0
     tool_message = next(m for m in episode["messages"] if m["role"] == "tool")
     assert "readers for 1 query" in tool_message["content"]
+
+
+def test_hmars_selector_role_on_the_real_server(server, model_dir, tmp_path):
+    # Sample 0 at 200 paragraphs: "Were Scott Derrickson and Ed Wood of the same nationality?", gold
+    # Documents on s5 and s1 with 512-token pages and 4,096-token sub-agents (8 sub-agents).
+    build_dataset(BuildConfig(num_samples=2, num_paragraphs=200), tmp_path / "ds")
+    row = dict(load_built(tmp_path / "ds")[0])
+    hints = {"s1": "Ed Wood American filmmaker", "s5": "Scott Derrickson American director"}
+    # Short page excerpts keep every selector prompt inside the tiny server's 2,048-token context.
+    config = HmarsEnvConfig(
+        c_sub=4096, page_tokens=512, selector=server.url, selector_model=model_dir, selector_api_key_env=None,
+        selector_max_tokens=16, selector_page_chars=250,
+    )  # fmt: skip
+    factory = HmarsEnvFactory(config, tokenizer=load_tokenizer(None))
+    try:
+        env = factory()
+        env.reset(**row)
+        obs = asyncio.run(env.broadcast("Nationalities of Scott Derrickson and Ed Wood", hints))
+        info = env.info
+    finally:
+        factory.close()
+    # Every sub-agent's selection went to the server; the random model's replies are not JSON, so each
+    # fell back to lexical selection and was counted as a parse failure, never an error to the policy.
+    assert info["endpoint_calls"] == info["participants"] == 8 and info["backend_errors"] == 0, obs
+    assert info["parse_failures"] == 8 and info["recall"] == 1.0 and "Answer: " in obs
 
 
 def test_server_killed_mid_batch_then_restarted(server, model_dir, chunks):

@@ -1,19 +1,18 @@
-"""The kept world reader model: its recipe, its answers in-process, and its answers through vLLM.
+"""The kept world reader model: its recipe and its answers in-process.
 
 The model answers held-out world chunks (chains never seen in training) with the fact sentence in
-the lexical reader's form, or exactly ``Unknown``. The vLLM test (marked ``vllm``, skipped without
-``.venv-vllm``) serves the kept model with the CPU build and asks through `OpenAIReaderFleet`.
+the lexical reader's form, or exactly ``Unknown``. Its answers through vLLM's CPU build are tested in
+test_world_reader_vllm.py, which serves it once for that test and the learning check.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from vllm_cpu import free_port, vllm_python_or_skip
+from world_probe import kept_reader_heldout, probe_examples
 
 from coordrl.data.world import make_world, q_city, world_splits
 from coordrl.data.world_reader import (
@@ -49,19 +48,8 @@ def meta() -> dict:
 
 
 @pytest.fixture(scope="module")
-def heldout(meta) -> list[dict]:
-    return world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0)["heldout"]
-
-
-def _probe(heldout: list[dict]) -> list:
-    """A few held-out prompts: one positive per relation, hard and absent negatives."""
-    world = make_world(0)
-    examples = eval_examples(heldout[:3], world)
-    picked = []
-    for relation in ("directed", "city", "decade"):
-        picked.append(next(e for e in examples if e.kind == "positive" and relation in e.query))
-    picked += [e for e in examples if e.kind == "hard"][:2] + [e for e in examples if e.kind == "absent"][:1]
-    return picked
+def heldout() -> list[dict]:
+    return kept_reader_heldout()
 
 
 def test_targets_are_the_lexical_readers_answers(heldout):
@@ -133,7 +121,7 @@ def test_kept_model_answers_heldout_prompts(builder, heldout):
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), use_safetensors=True, dtype=torch.float32, local_files_only=True
     )
-    probe = _probe(heldout)
+    probe = probe_examples(heldout)
     replies = []
     for e in probe:  # plain generate on the full prompt, as a check on the builder's shared-prefix decoding
         ids = builder.prompt_ids(tok, e.chunk, e.query)
@@ -155,34 +143,3 @@ def test_kept_model_answers_heldout_prompts(builder, heldout):
     examples = eval_examples(heldout[:3], make_world(0))
     figures = score_replies(examples, builder.greedy_replies(model, tok, examples))
     assert figures["positive_exact"] >= 0.8 and figures["negative_answered"] == 0.0, figures
-
-
-# -- through vLLM's CPU build ----------------------------------------------------------------------
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_vllm_serves_the_kept_model_through_the_fleet(heldout, tmp_path):
-    from coordrl.readers.openai_fleet import OpenAIReaderFleet
-    from coordrl.readers.serve import start_reader_servers
-
-    python = vllm_python_or_skip()
-    port = free_port()
-    folder = str(world_reader_dir())
-    probe = _probe(heldout)
-    group = start_reader_servers(folder, cpu=True, port_base=port, python=python, max_model_len=1024, cpu_memory_fraction=0.15,
-                                 extra_args=["--enforce-eager"], startup_timeout_s=500, log_dir=tmp_path)  # fmt: skip
-    with group:
-        fleet = OpenAIReaderFleet(group.urls, folder, api_key_env=None, max_tokens=48)
-
-        async def ask():
-            try:
-                return await fleet.answer([ReaderRequest(e.query, e.chunk, f"c{i}") for i, e in enumerate(probe)])
-            finally:
-                await fleet.aclose()
-
-        results = asyncio.run(ask())
-    assert all(r.ok for r in results), [r.error for r in results]
-    assert [r.text for r in results] == [e.answer for e in probe]
-    assert [r.abstained for r in results] == [e.answer == READER_UNKNOWN for e in probe]

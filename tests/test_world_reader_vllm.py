@@ -1,8 +1,9 @@
-"""The reduced learning check through vLLM-served readers: GRPO must make the kept warm start better
-when every reader is the kept world reader model behind a real vLLM CPU server.
+"""The kept world reader behind a real vLLM CPU server: its replies through `OpenAIReaderFleet`, and the
+reduced learning check through it (GRPO must make the kept warm start better when every reader is
+that server).
 
-The server is started as ``coordrl serve-readers --cpu --model <world reader>`` starts it (the same
-helper, the same CPU defaults). Training runs ``configs/world_cpu.yaml`` through `coordrl.train.run.train`
+One server for the module, started as ``coordrl serve-readers --cpu --model <world reader>`` starts it
+(the same helper, the same CPU defaults). Training runs ``configs/world_cpu.yaml`` through `coordrl.train.run.train`
 with ``readers=<url>``, so every finding the policy learns from is a model reply received over HTTP;
 the held-out evaluation reads through the same server. One whole document per reader chunk
 (``world_docs_per_chunk=1``): the world reader is exact there, while on two-document chunks it binds
@@ -20,6 +21,7 @@ sampled (60 questions).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
@@ -27,16 +29,21 @@ import pytest
 import torch
 
 from coordrl.data.world import world_splits
-from coordrl.data.world_reader import world_reader_dir
+from coordrl.data.world_reader import READER_UNKNOWN, world_reader_dir
+from coordrl.readers.base import ReaderRequest
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
 from coordrl.rollout.models import WORLD_MODEL, resolve_model
 from coordrl.rollout.world import evaluate_world
 from coordrl.train.config import load_config
 from coordrl.train.run import train
 from tests.vllm_cpu import free_port, vllm_python_or_skip
+from tests.world_probe import kept_reader_heldout, probe_examples
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "world_cpu.yaml"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
 READER_MODEL = world_reader_dir()  # the kept world reader, where the installed package keeps it
 STEPS = 30
 N_EVAL = 40
@@ -55,17 +62,42 @@ def _heldout_em(path: str, rows: list[dict], env: dict) -> dict[str, dict]:
     }
 
 
-@pytest.mark.slow
-def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(tmp_path):
+@pytest.fixture(scope="module")
+def world_reader_url(tmp_path_factory):
     python = vllm_python_or_skip()
+    group = start_reader_servers(
+        str(READER_MODEL),
+        cpu=True,
+        port_base=free_port(),
+        python=python,
+        log_dir=tmp_path_factory.mktemp("reader-server"),
+    )
+    with group:
+        yield group.urls[0]
+
+
+def test_the_kept_reader_answers_through_the_fleet(world_reader_url):
+    probe = probe_examples(kept_reader_heldout())
+    fleet = OpenAIReaderFleet([world_reader_url], str(READER_MODEL), api_key_env=None, max_tokens=48)
+
+    async def ask():
+        try:
+            return await fleet.answer([ReaderRequest(e.query, e.chunk, f"c{i}") for i, e in enumerate(probe)])
+        finally:
+            await fleet.aclose()
+
+    results = asyncio.run(ask())
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.text for r in results] == [e.answer for e in probe]
+    assert [r.abstained for r in results] == [e.answer == READER_UNKNOWN for e in probe]
+
+
+def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(world_reader_url, tmp_path):
     # vLLM's CPU worker takes a core and polls it; training keeps to the other one.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    group = start_reader_servers(
-        str(READER_MODEL), cpu=True, port_base=free_port(), python=python, log_dir=tmp_path / "reader-server"
-    )
     try:
-        url = group.urls[0]
+        url = world_reader_url
         served = {"readers": url, "reader_model": str(READER_MODEL)}
         rows = world_splits(0, N_EVAL, seed=0, docs_per_chunk=1)["heldout"]
         # Prompt tokens the server has processed, read from its /metrics between the phases.
@@ -87,7 +119,6 @@ def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(tmp_p
         after = _heldout_em(str(tmp_path / "run" / "final"), rows, served)
         marks.append(prefix_cache_counters(url)[0])
     finally:
-        group.stop()
         torch.set_num_threads(threads)
     # Both evaluations and the training read through the server, not through a local fallback.
     assert all(later > earlier for earlier, later in itertools.pairwise(marks)), marks

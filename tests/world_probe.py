@@ -1,0 +1,24 @@
+"""Held-out world reader prompts shared by the in-process and the vLLM-served reader tests."""
+
+from __future__ import annotations
+
+import json
+
+from coordrl.data.world import make_world, world_splits
+from coordrl.data.world_reader import eval_examples, world_reader_dir
+
+
+def kept_reader_heldout() -> list[dict]:
+    """The held-out world rows of the kept world reader's recipe (chains it never saw in training)."""
+    meta = json.loads((world_reader_dir() / "coordrl_world_reader.json").read_text())
+    return world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0)["heldout"]
+
+
+def probe_examples(heldout: list[dict]) -> list:
+    """A few held-out prompts: one positive per relation, hard and absent negatives."""
+    examples = eval_examples(heldout[:3], make_world(0))
+    picked = [
+        next(e for e in examples if e.kind == "positive" and relation in e.query)
+        for relation in ("directed", "city", "decade")
+    ]
+    return picked + [e for e in examples if e.kind == "hard"][:2] + [e for e in examples if e.kind == "absent"][:1]
