@@ -40,10 +40,10 @@ from coordrl.train.run import train
 from tests.vllm_cpu import free_port, vllm_python_or_skip
 from tests.world_probe import kept_reader_heldout, probe_examples
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "world_cpu.yaml"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "world_cpu.yaml"
 READER_MODEL = world_reader_dir()  # the kept world reader, where the installed package keeps it
 STEPS = 30
 N_EVAL = 40
