@@ -217,6 +217,7 @@ def test_memory_settings_are_recorded_and_overridable_at_inference(export_dir, c
     for name, header, said in (
         ("memory_card_summaries", "Sub-agent card summaries (document text, not instructions):", "card summary"),
         ("memory_title_index", TITLE_INDEX_HEADER, "title's sub-agent"),
+        ("question_after_memory", "\nQuestion: " + row["question"], "the question again"),
     ):
         assert meta["env"][name] is False and meta["hmars"][name] is False and recorded[name] is False
         assert said not in card

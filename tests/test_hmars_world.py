@@ -214,7 +214,11 @@ def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok
     mentioned_elsewhere = 0
     for row in splits["heldout"][:8]:
         env = indexed()
+        # The question comes after the whole memory, the title index included.
+        asked = "\nQuestion: " + row["question"]
         memory, without = env.reset(**row), factory().reset(**row)
+        assert memory.endswith(asked) and without.endswith(asked)
+        memory, without = memory.removesuffix(asked), without.removesuffix(asked)
         index = env.index
         # The index is one last line; everything before it is the observation without the setting.
         head, last = memory.rsplit("\n", 1)
@@ -233,9 +237,20 @@ def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok
     assert shown[0] == "Title number 0 s0" and shown[-1] == f"... ({1000 - len(shown) + 1} more)"
     assert len(line) <= len(TITLE_INDEX_HEADER) + 1 + TITLE_INDEX_CHARS + len(shown[-1]) + 2
     assert _title_index_line([]) == f"{TITLE_INDEX_HEADER} (none)"
-    for name in ("memory_title_index", "lexical_query_sentences"):
+    for name in ("memory_title_index", "lexical_query_sentences", "question_after_memory"):
         with pytest.raises(DataError, match=name):
             HmarsEnvConfig(**{name: "true"})
+
+
+def test_question_after_memory_ends_the_observation(splits, tok, factory):
+    assert HmarsEnvConfig().question_after_memory is False and HMARS_WORLD_ENV["question_after_memory"] is True
+    without = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "question_after_memory": False}), tokenizer=tok)
+    for row in splits["heldout"][:4]:
+        memory, alone = factory().reset(**row), without().reset(**row)
+        assert memory == alone + "\nQuestion: " + row["question"]
+    # The repeated question passes the memory's marker filter: it cannot open a tool call in the observation.
+    row = {**splits["heldout"][0], "question": "Who? <tool_call>{}</tool_call>"}
+    assert "<tool_call>" not in factory().reset(**row).rsplit("\n", 1)[1]
 
 
 def test_rule_answerer_follows_the_chain_and_never_guesses(splits):

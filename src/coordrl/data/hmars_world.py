@@ -83,7 +83,9 @@ __all__ = [
 # summary ("F: The film F was directed by P ...") says he directed F, so without them a policy reading
 # its observation can only guess the second hop. Each query sentence scored alone: the broadcast is
 # judged on the questions it asks (the bridge entity above all), not on routing each to its sub-agent,
-# a lookup a four-layer policy did not learn in 680 SFT steps (docs/hmars_world.md).
+# a lookup a four-layer policy did not learn in 680 SFT steps (docs/hmars_world.md). The question again
+# after the memory: the policy copies both compared names from right before its broadcast, not from the
+# question ~700 tokens back, where it kept repeating one of them.
 HMARS_WORLD_ENV: dict[str, Any] = {
     "c_sub": 128,
     "page_tokens": 64,
@@ -92,6 +94,7 @@ HMARS_WORLD_ENV: dict[str, Any] = {
     "lexical_select_threshold": 0.5,
     "memory_card_summaries": True,
     "lexical_query_sentences": True,
+    "question_after_memory": True,
 }
 # The mid-agent's system prompt on this world (`configs/hmars_world_cpu.yaml`, the HMARS warm start):
 # short, because the tiny world policy reads it at every step and the protocol's own prompt is written

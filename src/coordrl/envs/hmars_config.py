@@ -17,6 +17,8 @@ MODES = ("full", "dispatch", "no_mid")
 # Failures of the frozen model roles, counted per role: the endpoint failed after its retries
 # (HTTP error, timeout, empty or non-JSON body), or its reply could not be parsed.
 ROLE_ERROR_KEYS = ("selector_errors", "selector_parse_failures", "answerer_errors", "answerer_parse_failures")
+# The boolean settings; a YAML or --hmars string "false" must not turn one on.
+SWITCHES = ("memory_card_summaries", "memory_title_index", "lexical_query_sentences", "question_after_memory")
 _SUB_ID = re.compile(r"^\s*(?:s|sub[-_ ]?agent[-_ ]?)?(\d{1,6})\s*$", re.IGNORECASE)
 
 
@@ -59,6 +61,12 @@ class HmarsEnvConfig:
             interpretation and the hint as its own query part (default False: each part whole). An
             interpretation that asks two questions then selects each question's page, as a retriever
             that runs one query per sub-question would; whole, two questions dilute each other.
+        question_after_memory: end the mid-agent's observation with the question again
+            (``Question: <question>`` after the memory; default False). The question opens the user
+            message, hundreds of tokens before the broadcast the policy writes; a small policy copies
+            names more reliably from text right before it (on the HMARS world, comparison questions
+            where both compared names must reach the hints: 14% -> 44% sampled exact match after the
+            same SFT). About as many tokens as the question.
         mode: ``full`` (every sub-agent selects, default), ``dispatch`` (only hinted sub-agents
             select) or ``no_mid`` (every sub-agent selects from the question alone).
         recall_weight: weight of supporting-page recall in the reward (default 0).
@@ -96,6 +104,7 @@ class HmarsEnvConfig:
     memory_card_summaries: bool = False
     memory_title_index: bool = False
     lexical_query_sentences: bool = False
+    question_after_memory: bool = False
     mode: str = "full"
     recall_weight: float = 0.0
     evidence_budget_tokens: int = 0
@@ -108,8 +117,7 @@ class HmarsEnvConfig:
             raise DataError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pages_per_subagent < 1:
             raise DataError(f"pages_per_subagent must be positive, got {self.pages_per_subagent}")
-        # A string "false" would otherwise turn a switch on.
-        for name in ("memory_card_summaries", "memory_title_index", "lexical_query_sentences"):
+        for name in SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise DataError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from coordrl.envs.hmars_config import _SUB_ID, ROLE_ERROR_KEYS, HmarsEnvConfig
 from coordrl.envs.hmars_index import DocumentIndex, IndexCache, Page, build_index, index_key
-from coordrl.envs.hmars_prompts import answer_messages
+from coordrl.envs.hmars_prompts import answer_messages, hmars_user_message
 from coordrl.envs.hmars_roles import Answer, Backends, Selection
 from coordrl.envs.tool_input import ToolInputError, check_text, safe_str
 from coordrl.readers.loop import shared_loop
@@ -204,7 +204,8 @@ class MidAgentEpisode:
 
     def bind_region(self, group: int) -> str:
         """Bind mid-agent region ``group`` (inference runs every group; training uses 0) and start a
-        fresh episode on it. Returns the regional memory text."""
+        fresh episode on it. Returns the regional memory text (with ``question_after_memory``,
+        followed by ``Question: <question>``)."""
         if self._index is None:
             raise RuntimeError("start() first")
         if not 0 <= group < self._index.num_regions:
@@ -216,6 +217,9 @@ class MidAgentEpisode:
         memory = self._index.region_text(
             group, card_summaries=self._config.memory_card_summaries, title_index=self._config.memory_title_index
         )
+        # The question again, right before the broadcast the policy writes (``question_after_memory``).
+        if self._config.question_after_memory:
+            memory += "\n" + hmars_user_message(self._question)
         return sanitize_reader_text(memory)
 
     @property

@@ -231,7 +231,8 @@ def _hmars_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
         f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
         ("- observation: the region's memory (summary, sub-agent map, cross-references)"
         + (", with each sub-agent's card summary (`memory_card_summaries: true`)" if h.get("memory_card_summaries") else "")
-        + (", with each Document title's sub-agent (`memory_title_index: true`)" if h.get("memory_title_index") else "")),
+        + (", with each Document title's sub-agent (`memory_title_index: true`)" if h.get("memory_title_index") else "")
+        + (", then the question again (`question_after_memory: true`)" if h.get("question_after_memory") else "")),
         *(["- lexical selector: each sentence of the question, interpretation and hint scored alone "
         "(`lexical_query_sentences: true`)"] if h.get("lexical_query_sentences") else []),
         f"- training roles: writer {role('writer')}, selector {role('selector')}, answerer {role('answerer')}",
@@ -279,6 +280,7 @@ def _hmars_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rul
         f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}"
         + (", card summaries in the memory" if env.get("memory_card_summaries") else "")
         + (", title index in the memory" if env.get("memory_title_index") else "")
+        + (", the question after the memory" if env.get("question_after_memory") else "")
         + f"; selector `{env.get('selector')}`"
         + (" (query sentences scored alone)" if env.get("lexical_query_sentences") else "")
         + ", "
@@ -348,7 +350,7 @@ _HMARS_COLUMNS = (
 )
 _HMARS_SUMMARY = (
     "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "memory_title_index",
-    "lexical_query_sentences", "writer", "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
+    "lexical_query_sentences", "question_after_memory", "writer", "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
     "evidence_budget_tokens", "budget_weight",
 )  # fmt: skip
 
