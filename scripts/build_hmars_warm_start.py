@@ -4,12 +4,14 @@ Starts from the PARSER world warm start (``src/coordrl/resources/warm_start``: s
 copies world names into tool calls) and fine-tunes it on scripted HMARS world episodes
 (`coordrl.rollout.hmars_world.hmars_demo_ids`: the mid-agent prompt with its regional memory rendered
 by TRL's template, the ``broadcast`` tool call, the tool result, the answer turn). Demonstrations are
-deliberately imperfect: a fraction ``--p-good`` (default 0.35) broadcast the good broadcast (both
+deliberately imperfect: a fraction ``--p-good`` (default 0.6) broadcast the good broadcast (both
 queries, each routed to the sub-agent holding its name; the bridge's second query names the director,
 read from the film's card summary); the rest are ``first_hop`` (half of them), ``misrouted`` and
 ``interpretation_only`` (a quarter each), which the rule answer role cannot answer from when each
-query part is scored whole. So the warm start has seen every part of the good broadcast but usually
-sends a partial one, and GRPO has something to improve. The demonstrations' tool results and answers
+query part is scored whole. So the warm start has seen every part of the good broadcast but often
+sends a partial one (about 37% sampled held-out exact match after the default 160 steps), and GRPO has
+something to improve. The observation is the world's: the regional memory, the card summaries and the
+question again after them (``question_after_memory``). The demonstrations' tool results and answers
 are played with whole query parts (``lexical_query_sentences`` off), as the kept warm start was
 built; the world scores each query sentence alone, where ``misrouted`` and ``interpretation_only``
 would be answered too. Either way the answer turn copies the tool result's answer.
@@ -50,12 +52,12 @@ def build(
     init: Path | None = None,
     seed: int = 0,
     steps: int = 160,
-    p_good: float = 0.35,
+    p_good: float = 0.6,
     n_train: int = 800,
     n_eval: int = 100,
     lr: float = 1e-3,
     batch: int = 8,
-    warmup: int = 30,
+    warmup: int = 20,
     name_weight: float = 4.0,
     threads: int | None = 2,
 ) -> dict:
@@ -185,12 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", default=None, help="start from this folder (default: the shipped world warm start)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=160, help="SFT steps (default 160)")
-    p.add_argument("--p-good", type=float, default=0.35, help="share of demonstrations with the good broadcast")
+    p.add_argument("--p-good", type=float, default=0.6, help="share of demonstrations with the good broadcast")
     p.add_argument("--n-train", type=int, default=800, help="training questions laid out (default 800)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out questions evaluated at the end (default 100)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--name-weight", type=float, default=4.0)
     p.add_argument(
         "--threads", type=int, default=2, help="torch threads (fixed, so the weights do not depend on the core count)"
