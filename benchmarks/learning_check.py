@@ -373,7 +373,11 @@ def heldout_rows(setup: Setup, n: int, warm: Path, overrides: dict[str, str]) ->
     return world_splits(0, n, seed=0, docs_per_chunk=docs_per_chunk)["heldout"]
 
 
-def plot(curves: dict[int, list[dict]], path: Path) -> None:
+def plot(
+    curves: dict[int, list[dict]], path: Path, label: str = "training reward (exact match)", top: float = 1.0
+) -> None:
+    """The training reward per generation batch and its 10-point mean, one line per seed; ``top``: the
+    reward's maximum (1.0 for exact match alone)."""
     try:
         import matplotlib
 
@@ -390,8 +394,8 @@ def plot(curves: dict[int, list[dict]], path: Path) -> None:
         mean = [sum(rewards[max(0, i - 9) : i + 1]) / len(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
         ax.plot(steps, mean, color=line.get_color(), label=f"seed {seed} (mean of last 10)")
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("training reward (exact match)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel(label)
+    ax.set_ylim(0, top * 1.02)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -628,7 +632,12 @@ def check(
         )
     (out / "learning_check.json").write_text(json.dumps(results, indent=2) + "\n")
     if curves:
-        plot(curves, out / "reward_curve.png")
+        import yaml
+
+        # The HMARS config adds recall_weight x supporting-page recall to exact match.
+        w = (yaml.safe_load(setup.config.read_text()).get("hmars") or {}).get("recall_weight", 0.0)
+        label = f"training reward (EM + {w:g} x page recall)" if w else "training reward (exact match)"
+        plot(curves, out / "reward_curve.png", label, 1.0 + w)
     return 0
 
 

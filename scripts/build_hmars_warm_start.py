@@ -174,6 +174,8 @@ def build(
             "heldout_greedy": ev_g,
             "history": history,
             "torch_threads": torch.get_num_threads(),
+            # The environment the demonstrations were played in: the policy learned this observation.
+            "env": factory.config.to_dict(),
         }
         publish_warm_start(tmp, out, meta, t0, log)
         return meta
