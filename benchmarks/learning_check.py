@@ -632,10 +632,10 @@ def check(
         )
     (out / "learning_check.json").write_text(json.dumps(results, indent=2) + "\n")
     if curves:
-        import yaml
+        from coordrl.train.config import load_config
 
-        # The HMARS config adds recall_weight x supporting-page recall to exact match.
-        w = (yaml.safe_load(setup.config.read_text()).get("hmars") or {}).get("recall_weight", 0.0)
+        # The HMARS config adds recall_weight x supporting-page recall to exact match (as the runs trained).
+        w = (load_config(setup.config, overrides).coord.hmars or {}).get("recall_weight", 0.0)
         label = f"training reward (EM + {w:g} x page recall)" if w else "training reward (exact match)"
         plot(curves, out / "reward_curve.png", label, 1.0 + w)
     return 0
