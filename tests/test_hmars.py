@@ -484,3 +484,17 @@ def _bound(f, row):
     env = f()
     env.reset(**row)
     return env
+
+
+def test_lexical_entities_stop_at_a_line_break_so_titles_do_not_run_into_their_paragraph(tok):
+    from coordrl.data.layout import Paragraph, render_context
+
+    paras = [
+        Paragraph("Mefi", "Mefi was born in Fuken."),
+        Paragraph("Arthur's Magazine", "Arthur's Magazine was a periodical."),
+    ]
+    context, offsets = render_context(paras)
+    idx = asyncio.run(build_index(context, offsets, tok, IndexSettings(**SMALL)))
+    entities = [e for card in idx.cards for e in card.entities]
+    assert "Mefi" in entities and "Arthur's Magazine" in entities
+    assert not any(e.startswith("Mefi Mefi") or "Magazine Arthur" in e for e in entities), entities

@@ -363,7 +363,9 @@ def partition(
 
 # -- lexical writer -------------------------------------------------------------------------------
 
-_ENTITY = re.compile(r"\b[A-Z][\w'’\-]*(?:\s+(?:of|de|von|van|the|and|&)\s+[A-Z][\w'’\-]*|\s+[A-Z][\w'’\-]*)*")
+# Words of one name are joined by spaces or tabs only: across a line break a Document title would run
+# into its paragraph's first word ("Mefi\nMefi was born ..." -> "Mefi Mefi").
+_ENTITY = re.compile(r"\b[A-Z][\w'’\-]*(?:[ \t]+(?:of|de|von|van|the|and|&)[ \t]+[A-Z][\w'’\-]*|[ \t]+[A-Z][\w'’\-]*)*")
 _NOT_ENTITIES = frozenset(
     {
         "document",
