@@ -13,6 +13,8 @@ Threshold: ``MIN_GAIN`` = 0.10. Measured with exactly this setup on a 2-core AVX
 recall 0.49 -> 0.64). Noise without learning: the warm start evaluated with sampling seeds 0-5 on the
 same 60 questions scores 0.562-0.679 (stdev 0.045). So 0.10 is half the measured gain and more than
 twice the noise: a broken reward, loss mask, tool loop or observation fails it; seed luck does not.
+(Measured before the lexical writer's entity names stopped at line breaks, which changed the
+observation's entity lines; the fresh-clone CI run with that change passed.)
 """
 
 from __future__ import annotations
