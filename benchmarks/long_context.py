@@ -71,7 +71,7 @@ def eval_overhead(policy: Path, data: Path, out: Path, concurrency: int) -> dict
     t0 = time.perf_counter()
     evaluate(cfg)
     wall = time.perf_counter() - t0
-    from coordrl.eval.evaluate import read_traces
+    from coordrl.eval.traces import read_traces
 
     records = [r for f in (out / "traces").glob("*.jsonl") for r in read_traces(f).values()]
     assert records and all(r["status"] == "ok" and not r["info"]["tool_rounds"] for r in records)

@@ -20,15 +20,12 @@ from vllm_cpu import free_port, vllm_python_or_skip
 from coordrl.cli import main
 from coordrl.data.build import SweepConfig, build_sweep
 from coordrl.data.show import load_built
-from coordrl.eval.evaluate import aggregate, read_traces
+from coordrl.eval.metrics import aggregate
+from coordrl.eval.traces import read_traces
 from coordrl.inference.coordinator import Coordinator, InputError
-from coordrl.inference.export import (
-    POLICY_META,
-    PolicyError,
-    export_policy,
-    resolve_policy,
-)
+from coordrl.inference.export import export_policy
 from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER
+from coordrl.rollout.policy_source import POLICY_META, PolicyError, resolve_policy
 from coordrl.train.config import load_config
 from coordrl.train.run import train
 
@@ -300,7 +297,7 @@ def test_export_folder_is_servable_and_self_describing(export_dir, final):
 def test_model_card_front_matter_names_a_hub_base_model_only(tmp_path):
     from huggingface_hub import ModelCard
 
-    from coordrl.inference.export import render_model_card
+    from coordrl.inference.model_card import render_model_card
 
     meta = {
         "protocol": "hmars",
@@ -320,7 +317,7 @@ def test_model_card_front_matter_names_a_hub_base_model_only(tmp_path):
 
 def test_model_card_reports_chunk_overlap_and_reader_activation(tmp_path):
     from coordrl.envs.parser import ParserEnvConfig
-    from coordrl.inference.export import render_model_card
+    from coordrl.inference.model_card import render_model_card
 
     meta = {
         "protocol": "parser",

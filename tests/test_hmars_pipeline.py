@@ -18,8 +18,8 @@ from coordrl.cli import main
 from coordrl.data.build import SweepConfig, build_sweep
 from coordrl.data.show import load_built
 from coordrl.inference.coordinator import Coordinator
-from coordrl.inference.export import POLICY_META, resolve_policy
 from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER
+from coordrl.rollout.policy_source import POLICY_META, resolve_policy
 from coordrl.testing import scripted_trainer_class
 from coordrl.train.config import load_config
 from coordrl.train.run import build_trainer

@@ -1,6 +1,6 @@
 """The package's layers import in one direction only, function-level imports included.
 
-Lowest first: rewards and data, readers, envs, rollout, then train, inference and eval; cli and demo
+Lowest first: rewards and data, readers, envs, rollout, eval, then train and inference; cli and demo
 on top. A module may import its own layer and the layers below it, never one above; so there is no
 import cycle between subpackages either.
 """
@@ -22,8 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "envs": {"data", "rewards", "readers", "rundir"},
     "rollout": {"data", "rewards", "readers", "envs"},
     "train": {"data", "rewards", "readers", "envs", "rollout", "rundir"},
+    "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir"},
     "inference": {"data", "rewards", "readers", "envs", "rollout"},
-    "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir", "inference"},
 }
 TOP = {"cli", "demo", "__init__", "__main__"}  # entry points: may import anything
 
@@ -81,6 +81,27 @@ def test_every_import_points_down():
             for v in sorted(_imports(path) - ALLOWED[unit] - {unit} - {"__version__"})
         ]
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_function_level_imports_say_why():
+    """Below the entry points an internal import sits at the top of its module, where the layer order
+    is visible; one inside a function is allowed only to keep a heavy dependency off a light path, and
+    its comment (``# Lazy: ...`` on the line before) says which."""
+    silent = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if _unit(path) in TOP or path.name == "__init__.py":  # package __init__s load their parts on demand
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for func in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                internal = (
+                    isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("coordrl.")
+                )
+                if internal and not lines[node.lineno - 2].strip().startswith("# Lazy:"):
+                    silent.append(f"{path.relative_to(PACKAGE)}:{node.lineno} from {node.module} import ...")
+    assert not silent, "function-level imports without a '# Lazy:' reason:\n" + "\n".join(sorted(set(silent)))
 
 
 def test_the_layer_table_itself_has_no_cycle():

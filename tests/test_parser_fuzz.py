@@ -455,7 +455,7 @@ def test_tool_call_depth_scan_reads_json_strings():
 
 
 def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
-    from coordrl.eval.evaluate import _TraceWriter, read_traces
+    from coordrl.eval.traces import TraceWriter, read_traces
     from coordrl.train.reward import EpisodeReward
 
     tok = load_tokenizer(None)
@@ -470,7 +470,7 @@ def test_a_tool_call_with_a_lone_surrogate_is_traced(tmp_path):
     factory.close()
     query = env.completion[0]["tool_calls"][0]["function"]["arguments"]["queries"][0]
     assert query == "Title \ud800 3"  # what the policy sent, kept as sent
-    _TraceWriter(tmp_path / "eval").write("subset", {"id": "s1", "messages": env.completion})
+    TraceWriter(tmp_path / "eval").write("subset", {"id": "s1", "messages": env.completion})
     traced = read_traces(tmp_path / "eval" / "subset.jsonl")["s1"]["messages"]
     assert traced[0]["tool_calls"][0]["function"]["arguments"]["queries"][0] == query  # round-trips
     EpisodeReward(trace_dir=tmp_path / "train")([env.completion], answers=[["Person 3"]])

@@ -163,7 +163,7 @@ def test_bad_settings_are_errors_naming_the_setting(cfg, message):
 
 
 def test_train_config_carries_routing_into_checkpoint_export_and_inference(tmp_path):
-    from coordrl.inference.export import PolicySource
+    from coordrl.rollout.policy_source import PolicySource
     from coordrl.train.config import load_config
     from coordrl.train.run import checkpoint_metadata
 
@@ -183,8 +183,8 @@ def test_train_config_carries_routing_into_checkpoint_export_and_inference(tmp_p
 
 
 def test_coordinator_answers_with_routed_readers(samples):
-    from coordrl.inference.coordinator import Coordinator, load_policy
-    from coordrl.inference.export import resolve_policy
+    from coordrl.inference.coordinator import Coordinator
+    from coordrl.rollout.policy_source import load_policy, resolve_policy
 
     row = samples[0]
     source = resolve_policy("scripted")
@@ -272,7 +272,7 @@ def test_routing_is_deterministic_and_settings_are_checked():
 
 
 def test_eval_averages_and_tabulates_the_activation_metrics():
-    from coordrl.eval.evaluate import aggregate
+    from coordrl.eval.metrics import aggregate
     from coordrl.eval.report import render_results_md
 
     info = {"turns": 1, "queries": 2, "reader_calls": 10, "activated_chunks_per_query": 5.0}

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.lexical import LexicalReader
 
 
 def scripted_trainer_class(
@@ -52,8 +53,6 @@ class LatencyInjectingFleet:
     inner fleet (lexical by default). Records how many batches were in flight at once."""
 
     def __init__(self, delay_s: float, inner: ReaderFleet | None = None) -> None:
-        from coordrl.readers.lexical import LexicalReader
-
         self.delay_s = delay_s
         self.inner = inner or LexicalReader()
         self.in_flight = 0

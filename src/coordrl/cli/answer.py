@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from coordrl.cli.args import (
+    add_episode_flags,
     add_parser_env_flags,
     add_policy_flags,
     parse_settings,
@@ -58,11 +59,13 @@ def add_answer_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
             "its readers. Prints the answer (exit 0) or '(no answer)' (exit 1); --json prints answer, trace, evidence and info."
         ),
     )
-    p.add_argument("--policy", required=True, help="export or checkpoint folder, model folder, hub id, or 'scripted'")
+    add_episode_flags(
+        p,
+        {"required": True, "help": "export or checkpoint folder, model folder, hub id, or 'scripted'"},
+        max_turns_help="tool rounds (default 12)",
+    )
     p.add_argument("--document", required=True, help="a UTF-8 text file ('-': standard input)")
     p.add_argument("--question", required=True)
-    p.add_argument("--max-turns", type=_positive, default=None, help="tool rounds (default 12)")
-    p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
     p.add_argument(
         "--max-document-tokens",
         type=_positive,

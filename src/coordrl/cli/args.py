@@ -88,6 +88,23 @@ def add_parser_env_flags(p: argparse.ArgumentParser) -> None:
     add_reader_flags(p)
 
 
+def add_episode_flags(
+    p: argparse.ArgumentParser,
+    policy: dict[str, Any],
+    *,
+    max_turns: int | None = None,
+    chunk_tokens: int | None = None,
+    max_turns_help: str = "tool rounds per episode (default 12, PARSER's evaluation cap)",
+    chunk_tokens_help: str = "tokens per reader chunk (default 4096)",
+) -> None:
+    """What one episode of ``rollout``, ``eval`` and ``answer`` plays: ``--policy`` (``policy``: its
+    argparse keywords, e.g. ``required=True`` or a default and help), ``--max-turns`` and
+    ``--chunk-tokens`` (None: the policy's evaluation setting is applied later)."""
+    p.add_argument("--policy", **policy)
+    p.add_argument("--max-turns", type=positive_int, default=max_turns, help=max_turns_help)
+    p.add_argument("--chunk-tokens", type=positive_int, default=chunk_tokens, help=chunk_tokens_help)
+
+
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
     """Where the policy of ``eval`` and ``answer`` runs: ``--policy-url`` (an OpenAI-compatible server,
     e.g. ``vllm serve EXPORT``) with ``--served-model``, else in-process on ``--device``; and its

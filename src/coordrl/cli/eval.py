@@ -8,13 +8,15 @@ from pathlib import Path
 from coordrl.cli.args import (
     UsageError,
     add_break_lock_flag,
+    add_episode_flags,
     add_parser_env_flags,
     add_policy_flags,
     add_sampling_flags,
     parse_settings,
 )
 from coordrl.cli.args import positive_int as _positive
-from coordrl.eval.evaluate import BASELINES, EvalConfig, evaluate
+from coordrl.eval.baselines import BASELINES
+from coordrl.eval.evaluate import EvalConfig, evaluate
 from coordrl.eval.report import compare_results
 
 __all__ = ["add_eval_parser"]
@@ -69,7 +71,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Reruns into the same --out resume by sample id. --compare OUT_A OUT_B ... --out DIR writes a side-by-side table and plot."
         ),
     )
-    p.add_argument("--policy", default=None, help="checkpoint, exported folder, model folder, hub id, or 'scripted'")
+    add_episode_flags(
+        p,
+        {"default": None, "help": "checkpoint, exported folder, model folder, hub id, or 'scripted'"},
+        max_turns_help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)",
+    )
     p.add_argument(
         "--data", type=Path, default=None, help="a sweep folder (coordrl data sweep) or a single dataset folder"
     )
@@ -79,13 +85,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="output folder (results.json, results.md, traces/, accuracy_vs_length.png)",
     )
-    p.add_argument(
-        "--max-turns",
-        type=_positive,
-        default=None,
-        help="tool rounds per episode (default 12, PARSER's evaluation cap; hmars: per region, default training's cap)",
-    )
-    p.add_argument("--chunk-tokens", type=_positive, default=None, help="tokens per reader chunk (default 4096)")
     p.add_argument("--limit", type=_positive, default=None, help="first N samples of each subset (default all)")
     p.add_argument("--concurrency", type=_positive, default=4, help="episodes in flight (default 4)")
     p.add_argument(

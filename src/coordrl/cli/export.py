@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from coordrl.inference.export import VLLM_TOOL_FLAGS, export_policy
+from coordrl.inference.export import export_policy
+from coordrl.inference.model_card import VLLM_TOOL_FLAGS
 
 __all__ = ["add_export_parser"]
 

@@ -22,6 +22,7 @@ from coordrl import __version__
 from coordrl.cli.args import (
     UsageError,
     add_break_lock_flag,
+    add_episode_flags,
     add_parser_env_flags,
     add_sampling_flags,
     reader_limits,
@@ -305,10 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--data", type=Path, required=True, help="a dataset folder (data build, or one sweep subset)")
     rollout.add_argument("--sample", type=int, default=0, help="sample index (default 0)")
-    rollout.add_argument("--policy", default="scripted", help="'scripted' (model-free baseline) or a model folder")
-    rollout.add_argument("--chunk-tokens", type=_positive, default=512, help="tokens per reader chunk (default 512)")
-    rollout.add_argument(
-        "--max-turns", type=_positive, default=12, help="tool rounds allowed (default 12, the evaluation cap)"
+    add_episode_flags(
+        rollout,
+        {"default": "scripted", "help": "'scripted' (model-free baseline) or a model folder"},
+        max_turns=12,
+        chunk_tokens=512,
+        max_turns_help="tool rounds allowed (default 12, the evaluation cap)",
+        chunk_tokens_help="tokens per reader chunk (default 512)",
     )
     rollout.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per policy turn (default 256)")
     rollout.add_argument("--json", action="store_true", help="print the episode as JSON")

@@ -47,6 +47,7 @@ from typing import Any
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
 from coordrl.data.layout import DOC_SEPARATOR, Paragraph, document_header, render_context
+from coordrl.data.tokens import load_tokenizer
 from coordrl.data.world import (
     bridge_question,
     comparison_question,
@@ -242,8 +243,6 @@ def lay_out(row: dict[str, Any], tokenizer, settings: dict[str, Any] | None = No
 
 def _tokenizer(tokenizer):
     if tokenizer is None or isinstance(tokenizer, str):
-        from coordrl.data.tokens import load_tokenizer
-
         return load_tokenizer(tokenizer)
     return tokenizer
 

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.hmars_config import MODES, ROLE_ERROR_KEYS, HmarsEnvConfig
 from coordrl.envs.hmars_episode import EpisodeStats, MidAgentEpisode
 from coordrl.envs.hmars_index import DocumentIndex, IndexCache
@@ -147,8 +148,6 @@ class HmarsEnvFactory:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from coordrl.data.tokens import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.config.tokenizer)
         return self._tokenizer
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
+from coordrl.data.show import load_built
+from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.hmars_prompts import card_writer_messages, region_writer_messages
 from coordrl.readers.base import ReaderResult
 from coordrl.readers.chat_client import DEFAULT_API_KEY_ENV
@@ -749,9 +751,6 @@ def build_indexes(
         ``backend_errors``, ``first_error``, ``seconds``.
     """
     from tqdm.auto import tqdm
-
-    from coordrl.data.show import load_built
-    from coordrl.data.tokens import load_tokenizer
 
     settings = settings or IndexSettings()
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer)

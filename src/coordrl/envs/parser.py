@@ -17,9 +17,11 @@ from typing import Any
 
 from coordrl.data.chunk import Chunk, chunk_context
 from coordrl.data.errors import ConfigError
+from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.tool_input import ToolInputError, check_text
 from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
 from coordrl.readers.chat_client import DEFAULT_CONCURRENCY
+from coordrl.readers.fleet import make_fleet
 from coordrl.readers.loop import shared_loop
 from coordrl.readers.prompt import READER_INSTRUCTIONS, sanitize_reader_text
 from coordrl.readers.retry import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
@@ -514,8 +516,6 @@ class ParserEnvFactory:
     @property
     def fleet(self) -> ReaderFleet:
         if self._fleet is None:
-            from coordrl.readers.fleet import make_fleet
-
             c = self.config
             self._fleet = make_fleet(
                 c.readers,
@@ -531,8 +531,6 @@ class ParserEnvFactory:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from coordrl.data.tokens import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.config.tokenizer)
         return self._tokenizer
 

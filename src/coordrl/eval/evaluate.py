@@ -26,25 +26,15 @@ Outputs in ``--out``: ``results.json`` (settings and metrics per subset and over
 findings, scores and metrics of every sample) and ``eval_config.json`` (the settings a rerun must
 match).
 
-Baselines in the same harness (``--baseline``):
-
-- ``prompted``: the untrained base model with the trained policy's prompt and settings (for a
-  checkpoint or export: its recorded ``base_model``). Equivalent to ``--policy <base model>``.
-- ``mapreduce``: one round. A scripted first turn broadcasts the question to all readers with
-  ``query_agents([question])``; the model then answers from the findings in one generation (a tool
-  call in that generation ends the episode unanswered).
-- ``fullcontext``: no readers; the whole document in one prompt, middle-truncated to fit the model's
-  window (``--context-window``, default the model's ``max_position_embeddings`` or the server's
-  ``max_model_len``); the cut token counts are reported.
+The baselines (``--baseline prompted | mapreduce | fullcontext``) run in the same harness:
+`coordrl.eval.baselines`.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
-from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -53,129 +43,26 @@ from typing import Any
 
 from coordrl import __version__
 from coordrl.data.errors import DataError
+from coordrl.data.show import load_built
+from coordrl.envs.chat import ChatCodec
+from coordrl.envs.hmars import answer_all_regions
 from coordrl.envs.protocols import EVAL_CHUNK_TOKENS, Protocol, get_protocol
-from coordrl.rewards import ANSWER_CLOSE, ANSWER_OPEN, score_prediction
-from coordrl.rewards.metrics import nearest_rank_percentile
-from coordrl.rundir import RunLock, truncate_torn_tail
+from coordrl.envs.step import StepEnv
+from coordrl.eval.baselines import BASELINES, FullContextEnv, MapReducePolicy, fullcontext_messages
+from coordrl.eval.config import EvalConfig
+from coordrl.eval.metrics import aggregate
+from coordrl.eval.report import plot_accuracy, render_results_md
+from coordrl.eval.resume import EVAL_CONFIG, check_resume, episode_settings, fingerprint
+from coordrl.eval.subsets import SubsetSpec, discover_subsets
+from coordrl.eval.traces import TraceWriter, read_traces
+from coordrl.readers.fleet import make_fleet
+from coordrl.rewards import score_prediction
+from coordrl.rollout.episode import run_episode
+from coordrl.rollout.models import resolve_model
+from coordrl.rollout.policy_source import DEFAULT_MAX_NEW_TOKENS, PolicyError, load_policy, resolve_policy
+from coordrl.rundir import RunLock
 
-__all__ = [
-    "BASELINES",
-    "FULLCONTEXT_SYSTEM_PROMPT",
-    "EvalConfig",
-    "SubsetSpec",
-    "aggregate",
-    "discover_subsets",
-    "evaluate",
-    "fullcontext_messages",
-]
-
-BASELINES = ("prompted", "mapreduce", "fullcontext")
-EVAL_CONFIG = "eval_config.json"
-# Settings that change what an episode does: a rerun into the same --out must match them.
-_FINGERPRINT_KEYS = (
-    "policy",
-    "baseline",
-    "weights",
-    "data",
-    "readers",
-    "reader_model",
-    "max_turns",
-    "chunk_tokens",
-    "chunk_overlap_tokens",
-    "activation",
-    "max_new_tokens",
-    "temperature",
-    "seed",
-    "context_window",
-    "max_completion_tokens",
-    "hmars",
-)
-
-FULLCONTEXT_SYSTEM_PROMPT = (
-    "You answer questions about a document. Read the document, then reply with the answer inside "
-    f"{ANSWER_OPEN}{ANSWER_CLOSE} and nothing else after it, for example {ANSWER_OPEN}Paris{ANSWER_CLOSE}. "
-    "Give the shortest answer: a name, a date, a number, or yes/no."
-)
-_CUT_MARKER = "\n\n[... {cut} tokens cut from the middle of the document ...]\n\n"
-
-
-@dataclass
-class EvalConfig:
-    """Inputs of `evaluate` (field names match the CLI flags).
-
-    Attributes:
-        policy: checkpoint, export, model folder, hub id or ``scripted``.
-        data: a sweep folder (``sweep.json``) or one dataset folder.
-        out: output folder.
-        readers / reader_model: ``lexical`` (default) or reader server URLs and their model name.
-        policy_url / served_model: evaluate through an OpenAI-compatible server (default: in-process).
-        max_turns: tool rounds (default 12; ``hmars``: per region, default training's cap).
-        chunk_tokens: reader chunk size (default None: 4096; an ``hmars`` policy refuses it).
-        chunk_overlap_tokens: tokens each reader chunk shares with the next (default None: the
-            policy's recorded setting, else 0; not used by ``hmars``).
-        activation: which chunk readers a query wakes, ``all`` or ``routed`` (default None: the
-            policy's recorded setting, else ``all``; not used by ``hmars``).
-        hmars: `HmarsEnvConfig` fields replacing an ``hmars`` policy's recorded ones (default None).
-        limit: first N samples of each subset (default all).
-        concurrency: episodes in flight (default 4).
-        baseline: None, ``prompted``, ``mapreduce`` or ``fullcontext``.
-        drop_failed: leave failed samples out of the denominators (reference habit; default False:
-            a failed sample scores 0).
-        seed: sampling seed (default 0). temperature: 0 = greedy (default).
-        max_new_tokens: tokens per policy turn (default: training's cap, else 512).
-        max_completion_tokens: cap on all turns and tool results of an episode (default None).
-        context_window: ``fullcontext`` window in tokens (default: the model's).
-        device: in-process device. label: name in tables and plots (default from the policy).
-        overwrite: discard earlier results in ``out`` (default False: resume them).
-        progress: show a progress bar (default True).
-        reader_timeout_s / reader_retries: per-attempt limit and retries of a reader request
-            (default None: the policy's recorded settings, else 60 s and 3); for ``hmars`` policies the
-            frozen backends' ``backend_timeout_s`` / ``backend_retries`` unless ``hmars`` sets them.
-        break_lock: take over ``out``'s lock left by a run on another host (default False).
-
-    The evaluation holds ``out``'s lock (`coordrl.rundir.RunLock`) while it runs.
-    """
-
-    policy: str
-    data: str
-    out: str
-    readers: str = "lexical"
-    reader_model: str | None = None
-    policy_url: str | None = None
-    served_model: str | None = None
-    max_turns: int | None = None
-    chunk_tokens: int | None = None
-    chunk_overlap_tokens: int | None = None
-    activation: str | None = None
-    limit: int | None = None
-    concurrency: int = 4
-    baseline: str | None = None
-    drop_failed: bool = False
-    seed: int = 0
-    temperature: float = 0.0
-    max_new_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    context_window: int | None = None
-    device: str | None = None
-    label: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    hmars: dict[str, Any] | None = None
-    reader_timeout_s: float | None = None
-    reader_retries: int | None = None
-    break_lock: bool = False
-
-
-@dataclass
-class SubsetSpec:
-    """One dataset of the evaluation: ``name`` is its folder name (and trace file)."""
-
-    name: str
-    variant: str
-    kind: str
-    value: str
-    folder: Path
-    paragraphs: float | None = None
+__all__ = ["EvalConfig", "evaluate"]
 
 
 @dataclass
@@ -191,99 +78,6 @@ class _RunStats:
     skipped: int = 0
     failed: int = 0
     cut_tokens: list[int] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------------
-
-
-def discover_subsets(data: str | Path) -> list[SubsetSpec]:
-    """The subsets of a sweep folder (from ``sweep.json``), or the one dataset folder given."""
-    data = Path(data)
-    manifest = data / "sweep.json"
-    if manifest.exists():
-        try:
-            subsets = json.loads(manifest.read_text())["subsets"]
-        except (ValueError, KeyError) as e:
-            raise DataError(f"{manifest}: not a coordrl sweep manifest ({e})") from None
-        out = []
-        for s in subsets:
-            kind, _, value = str(s["variant"]).partition("=")
-            paragraphs = float(value) if kind == "length" else (s.get("stats") or {}).get("paragraphs", {}).get("mean")
-            out.append(SubsetSpec(s["folder"], s["variant"], kind, value, data / s["folder"], paragraphs))
-        return out
-    if (data / "state.json").exists():
-        from coordrl.data.show import load_built
-
-        ds = load_built(data)
-        variant = ds[0]["variant"] if len(ds) and "variant" in ds.column_names and ds[0]["variant"] else ""
-        paragraphs = (
-            statistics.median(ds["num_paragraphs"]) if "num_paragraphs" in ds.column_names and len(ds) else None
-        )
-        if variant:
-            kind, _, value = variant.partition("=")
-        else:
-            kind, value = "length", str(int(paragraphs or 0))
-        return [
-            SubsetSpec(
-                data.name,
-                variant or f"length={value}",
-                kind,
-                value,
-                data,
-                paragraphs if kind != "length" else float(value),
-            )
-        ]
-    raise DataError(f"--data {data}: neither a sweep folder (sweep.json) nor a dataset folder written by coordrl")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Traces
-# ---------------------------------------------------------------------------------------------------
-
-
-def read_traces(path: Path) -> dict[str, dict[str, Any]]:
-    """Latest record per sample id of a trace file; a torn last line (crash mid-write) is ignored."""
-    latest: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return latest
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "id" in rec:
-                latest[str(rec["id"])] = rec
-    return latest
-
-
-class _TraceWriter:
-    """Appends one JSON line per finished sample, flushed at once (that is what makes resuming safe)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._checked: set[str] = set()
-
-    def write(self, subset: str, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-        path = self.folder / f"{subset}.jsonl"
-        with self._lock:
-            if subset not in self._checked:
-                self._checked.add(subset)
-                # A crash mid-write leaves a torn last line: cut it, so the file stays valid JSONL (the
-                # sample it held has no complete record, so this run does it again).
-                truncate_torn_tail(path)
-            # A lone surrogate (a policy's tool-call JSON can spell one) is written as its JSON escape.
-            with open(path, "a", encoding="utf-8", errors="backslashreplace") as fh:
-                fh.write(line)
-                fh.flush()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,90 +105,12 @@ class _Metered:
                 self.seconds += time.perf_counter() - t0
 
 
-class _MapReduce:
-    """``mapreduce`` baseline: the scripted lead's broadcast of the question, then one model generation."""
-
-    def __init__(self, inner: _Metered) -> None:
-        from coordrl.rollout.policies import ScriptedLead
-
-        self.inner = inner
-        self.first = ScriptedLead()  # its first turn is exactly query_agents([question])
-
-    def act(self, env):
-        if not env.completion:
-            return self.first.act(env)
-        return self.inner.act(env)
-
-
-class _FullContextEnv:
-    """``fullcontext`` baseline environment: no tools, no readers; StepEnv renders the prompt."""
-
-    def __init__(self) -> None:
-        self.stats: dict[str, Any] = {}
-
-    def reset(self, **row: Any) -> None:
-        return None
-
-    @property
-    def info(self) -> dict[str, Any]:
-        return {"turns": 0, "queries": 0, "queries_per_turn": 0.0, "reader_calls": 0, **self.stats}
-
-    @property
-    def findings(self) -> list[dict[str, Any]]:
-        return []
-
-
-def fullcontext_messages(
-    row: dict[str, Any], codec, window: int, max_new_tokens: int
-) -> tuple[list[dict[str, str]], dict[str, int]]:
-    """The full-context prompt of ``row``, middle-truncated so prompt + ``max_new_tokens`` fit ``window``.
-
-    Returns the messages and ``{document_tokens, cut_tokens}``. The head and tail of the document
-    are kept (token-aligned, cut at character offsets so no character is split) around a marker that
-    says how many tokens were cut.
-    """
-    tokenizer = codec.tokenizer
-    question = row["question"]
-    document = row["context"]
-
-    def messages(doc: str) -> list[dict[str, str]]:
-        return [
-            {"role": "system", "content": FULLCONTEXT_SYSTEM_PROMPT},
-            {"role": "user", "content": f"{doc}\n\nQuestion: {question}"},
-        ]
-
-    enc = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    n = len(offsets)
-    overhead = len(codec.prompt_ids(messages(_CUT_MARKER.format(cut=n)), None))
-    budget = window - max_new_tokens - overhead
-    if budget < 16:
-        raise DataError(
-            f"context window {window} leaves no room for the document (prompt overhead {overhead}, {max_new_tokens} new tokens)"
-        )
-    if n <= budget:
-        return messages(document), {"document_tokens": n, "cut_tokens": 0}
-    for _ in range(4):  # re-tokenization at the seams can add a token or two: shrink and retry
-        head = budget // 2
-        tail = budget - head
-        cut = n - head - tail
-        text = document[: offsets[head - 1][1]] + _CUT_MARKER.format(cut=cut) + document[offsets[n - tail][0] :]
-        msgs = messages(text)
-        total = len(codec.prompt_ids(msgs, None)) + max_new_tokens
-        if total <= window:
-            return msgs, {"document_tokens": n, "cut_tokens": cut}
-        budget -= total - window + 8
-    raise DataError(f"could not fit sample {row.get('id')!r} into a {window}-token window")
-
-
 class _Runner:
     """Runs one sample end to end and turns it into a trace record."""
 
     def __init__(
         self, cfg: EvalConfig, source, policy, tokenizer, env_config, window: int | None, max_new_tokens: int
     ) -> None:
-        from coordrl.envs.chat import ChatCodec
-
         self.cfg = cfg
         self.source = source
         self.policy = policy
@@ -407,11 +123,9 @@ class _Runner:
         self.max_new_tokens = max_new_tokens
 
     def _step_env(self, row: dict[str, Any]):
-        from coordrl.envs.step import StepEnv
-
         baseline = self.cfg.baseline
         if baseline == "fullcontext":
-            env = _FullContextEnv()
+            env = FullContextEnv()
 
             def fullcontext_prompt(r: dict[str, Any]) -> list[dict[str, str]]:
                 msgs, stats = fullcontext_messages(r, self.codec, self.window or 0, self.max_new_tokens)
@@ -433,8 +147,6 @@ class _Runner:
         )  # fmt: skip
 
     def run(self, task: _Task, row: dict[str, Any]) -> dict[str, Any]:
-        from coordrl.rollout.episode import run_episode
-
         base = {
             "id": task.sample_id,
             "subset": task.subset.name,
@@ -451,7 +163,7 @@ class _Runner:
             return self._run_by_region(base, row, metered, t0)
         try:
             env = self._step_env(row)
-            actor = _MapReduce(metered) if self.cfg.baseline == "mapreduce" else metered
+            actor = MapReducePolicy(metered) if self.cfg.baseline == "mapreduce" else metered
             episode = run_episode(env, actor, row)
         except Exception as e:
             return {
@@ -473,8 +185,6 @@ class _Runner:
 
     def _run_by_region(self, base: dict[str, Any], row: dict[str, Any], metered: _Metered, t0: float) -> dict[str, Any]:
         """One sample of an hmars policy: all regions (`answer_all_regions`), one answer, evidence metrics."""
-        from coordrl.envs.hmars import answer_all_regions
-
         try:
             result = answer_all_regions(
                 self.factory, self.codec, metered, row, max_turns=self.cfg.max_turns,
@@ -510,122 +220,8 @@ class _Runner:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Metrics
-# ---------------------------------------------------------------------------------------------------
-
-
-def _mean(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return sum(values) / len(values) if values else None
-
-
-def aggregate(records: Sequence[dict[str, Any]], drop_failed: bool = False, protocol: str = "parser") -> dict[str, Any]:
-    """Metrics of a set of trace records.
-
-    Accuracy (``sub_em``, ``guarded_sub_em``, ``em``, ``f1``) and ``answered`` are means over the
-    samples, a failed sample scoring 0 (or left out with ``drop_failed``). Process metrics are means
-    over successful samples: ``turns`` (tool rounds), ``queries_per_turn`` (all queries / all
-    rounds), ``reader_calls``, ``lead_prompt_tokens`` (prompt tokens the policy read over all its
-    turns), ``lead_completion_tokens``, ``gold_coverage`` (a reader of a chunk holding a gold
-    paragraph answered), and per-sample latency percentiles ``latency_p50_s`` / ``latency_p95_s``.
-
-    For ``protocol="hmars"`` the HMARS evidence metrics are added (means over successful samples):
-    ``recall`` (supporting-page recall: share of gold Documents covered by the selected pages),
-    ``pages_selected``, ``evidence_tokens``, ``answer_prompt_tokens``, ``model_calls`` (frozen
-    selector and answer calls per question) and ``regions`` (mid-agents per question). Failures of the frozen roles are
-    totals over successful samples: ``reader_errors`` (PARSER), and for HMARS ``selector_errors``,
-    ``selector_parse_failures``, ``answerer_errors``, ``answerer_parse_failures``.
-    """
-    ok = [r for r in records if r.get("status") == "ok"]
-    failed = [r for r in records if r.get("status") != "ok"]
-    denom = len(ok) if drop_failed else len(ok) + len(failed)
-    out: dict[str, Any] = {"samples": denom, "evaluated": len(ok) + len(failed), "failed": len(failed)}
-    for metric in ("sub_em", "guarded_sub_em", "em", "f1"):
-        out[metric] = sum(r["scores"][metric] for r in ok) / denom if denom else None
-    out["answered"] = sum(r.get("prediction") is not None for r in ok) / denom if denom else None
-    infos = [r.get("info") or {} for r in ok]
-    rounds = sum(i.get("turns", 0) for i in infos)
-    out["turns"] = _mean(i.get("turns", 0) for i in infos)
-    out["queries_per_turn"] = (sum(i.get("queries", 0) for i in infos) / rounds) if rounds else (0.0 if ok else None)
-    out["reader_calls"] = _mean(i.get("reader_calls", 0) for i in infos)
-    out["lead_prompt_tokens"] = _mean(r.get("lead_prompt_tokens", 0) for r in ok)
-    out["lead_completion_tokens"] = _mean(i.get("completion_tokens", 0) for i in infos)
-    covered = [i["gold_coverage"] for i, r in zip(infos, ok) if "gold_coverage" in i and r.get("gold_documents")]
-    out["gold_coverage"] = _mean(covered)
-    out["reader_errors"] = sum(i.get("reader_errors", 0) for i in infos)
-    latencies = [float(r.get("seconds", 0.0)) for r in ok]
-    out["latency_p50_s"] = nearest_rank_percentile(latencies, 50)
-    out["latency_p95_s"] = nearest_rank_percentile(latencies, 95)
-    out["latency_mean_s"] = _mean(latencies)
-    spec = get_protocol(protocol)
-    for key in spec.eval_metrics:
-        out[key] = _mean(float(i.get(key, 0)) for i in infos)
-    for key in spec.role_error_metrics:  # totals, like reader_errors: a broken role is named in the table
-        out[key] = sum(i.get(key, 0) for i in infos)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------
-
-
-def _fingerprint(
-    cfg: EvalConfig, source, weights: str | None, max_new_tokens: int, window: int | None
-) -> dict[str, Any]:
-    return {
-        "policy": str(Path(source.path).resolve()) if source.path and Path(source.path).exists() else source.spec,
-        "baseline": cfg.baseline,
-        "weights": weights,
-        "data": str(Path(cfg.data).resolve()),
-        **_episode_settings(cfg, max_new_tokens, window),
-        "hmars": cfg.hmars,  # None for PARSER: earlier PARSER evaluations still resume
-    }
-
-
-def _episode_settings(cfg: EvalConfig, max_new_tokens: int, window: int | None) -> dict[str, Any]:
-    """What decides an episode's outcome: the resume fingerprint and ``results.json`` both record it."""
-    return {
-        "readers": cfg.readers,
-        "reader_model": cfg.reader_model,
-        "max_turns": cfg.max_turns,
-        "chunk_tokens": cfg.chunk_tokens,
-        "chunk_overlap_tokens": cfg.chunk_overlap_tokens,  # None: the policy's own (earlier runs still resume)
-        "activation": cfg.activation,  # None: the policy's own, as for the overlap
-        "max_new_tokens": max_new_tokens,
-        "temperature": cfg.temperature,
-        "seed": cfg.seed,
-        "context_window": window,
-        "max_completion_tokens": cfg.max_completion_tokens,
-    }
-
-
-def _check_resume(out: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:
-    import shutil
-
-    path = out / EVAL_CONFIG
-    if overwrite:
-        for name in ("traces", "results.json", "results.md", "accuracy_vs_length.png", EVAL_CONFIG):
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        return
-    if not path.exists():
-        if (out / "traces").exists() and any((out / "traces").iterdir()):
-            raise DataError(f"{out} holds traces but no {EVAL_CONFIG}; pass --overwrite or another --out")
-        return
-    try:
-        old = json.loads(path.read_text())
-    except ValueError:
-        raise DataError(f"{path} is not valid JSON; pass --overwrite or another --out") from None
-    for key in _FINGERPRINT_KEYS:
-        if old.get(key) != fingerprint.get(key):
-            raise DataError(
-                f"{out} holds an evaluation with other settings ({key}: {old.get(key)!r} there, {fingerprint.get(key)!r} now); "
-                "pass --overwrite or another --out"
-            )
 
 
 def _window(cfg: EvalConfig, policy, tokenizer) -> int | None:
@@ -650,9 +246,6 @@ def _window(cfg: EvalConfig, policy, tokenizer) -> int | None:
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run (or resume) an evaluation and write its outputs; returns ``results.json``'s content."""
-    from coordrl.inference.export import PolicyError, resolve_policy
-    from coordrl.rollout.models import resolve_model
-
     if cfg.baseline is not None and cfg.baseline not in BASELINES:
         raise DataError(f"--baseline must be one of {', '.join(BASELINES)}, got {cfg.baseline!r}")
     if (
@@ -699,8 +292,6 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         # the flag, so earlier evaluations still resume.
         cfg = replace(cfg, chunk_tokens=cfg.chunk_tokens or EVAL_CHUNK_TOKENS)
         if cfg.baseline != "fullcontext" and protocol.uses_readers:
-            from coordrl.readers.fleet import make_fleet
-
             make_fleet(env_config.readers, env_config.reader_model)  # a bad --readers fails before any model loads
     except ValueError as e:
         if isinstance(e, DataError):
@@ -723,10 +314,6 @@ def _evaluate_locked(
 ) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from coordrl.data.show import load_built
-    from coordrl.eval.report import plot_accuracy, render_results_md
-    from coordrl.inference.coordinator import DEFAULT_MAX_NEW_TOKENS, load_policy
-
     max_new_tokens = cfg.max_new_tokens or source.generation.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
     policy, tokenizer = load_policy(
         source, policy_url=cfg.policy_url, served_model=cfg.served_model, device=cfg.device,
@@ -735,9 +322,9 @@ def _evaluate_locked(
     window = _window(cfg, policy, tokenizer)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = _fingerprint(cfg, source, weights, max_new_tokens, window)
-    _check_resume(out, fingerprint, cfg.overwrite)
-    (out / EVAL_CONFIG).write_text(json.dumps({**fingerprint, "coordrl_version": __version__}, indent=2) + "\n")
+    settings = fingerprint(cfg, source, weights, max_new_tokens, window)
+    check_resume(out, settings, cfg.overwrite)
+    (out / EVAL_CONFIG).write_text(json.dumps({**settings, "coordrl_version": __version__}, indent=2) + "\n")
 
     # Which samples each subset holds (first --limit rows), and which are already done.
     datasets = {}
@@ -758,7 +345,7 @@ def _evaluate_locked(
                 tasks.append(_Task(sub, index, sid))
 
     runner = _Runner(cfg, source, policy, tokenizer, env_config, window, max_new_tokens)
-    writer = _TraceWriter(out / "traces")
+    writer = TraceWriter(out / "traces")
     row_lock = threading.Lock()
     label = cfg.label or (source.label + (f" [{cfg.baseline}]" if cfg.baseline else ""))
     t_start = time.perf_counter()
@@ -853,7 +440,7 @@ def _results(
         "baseline": cfg.baseline,
         "data": str(cfg.data),
         "settings": {
-            **_episode_settings(cfg, max_new_tokens, window),
+            **episode_settings(cfg, max_new_tokens, window),
             "limit": cfg.limit,
             "drop_failed": cfg.drop_failed,
             "concurrency": cfg.concurrency,
@@ -876,8 +463,3 @@ def _results(
             "cut_tokens_total": sum(cut), "cut_tokens_mean": (sum(cut) / len(cut)) if cut else 0.0,
         }  # fmt: skip
     return results
-
-
-# ---------------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coordrl.data.errors import DataError
 from coordrl.envs.protocols import get_protocol
 
 __all__ = [
@@ -63,8 +64,6 @@ def columns_for(results: dict[str, Any]) -> list[tuple[str, str, Callable[[Any],
 
 def load_results(folder: str | Path) -> dict[str, Any]:
     """``results.json`` of an eval output folder (DataError naming the folder when absent)."""
-    from coordrl.data.errors import DataError
-
     path = Path(folder) / RESULTS_JSON
     if not path.exists():
         raise DataError(f"{folder}: no {RESULTS_JSON} (not a coordrl eval --out folder, or the run has not finished)")
@@ -245,8 +244,6 @@ def render_comparison_md(results_list: Sequence[dict[str, Any]], names: Sequence
 
 def compare_results(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     """Write ``comparison.md``, ``comparison.json`` and ``accuracy_vs_length.png`` for several eval folders."""
-    from coordrl.data.errors import DataError
-
     if len(folders) < 2:
         raise DataError("--compare needs at least two eval folders")
     results_list = [load_results(f) for f in folders]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,22 +33,18 @@ from pathlib import Path
 from typing import Any, Self
 
 from coordrl.data.errors import DataError
+from coordrl.data.tokens import count_tokens_up_to, max_chars_per_token
+from coordrl.envs.chat import ChatCodec
+from coordrl.envs.hmars import answer_all_regions
 from coordrl.envs.protocols import get_protocol
-from coordrl.inference.export import PolicyError, PolicySource, resolve_policy
+from coordrl.envs.step import StepEnv
+from coordrl.readers.fleet import make_fleet
+from coordrl.rollout.episode import run_episode
+from coordrl.rollout.policy_source import PolicySource, load_policy, resolve_policy
 
-__all__ = [
-    "DEFAULT_MAX_DOCUMENT_TOKENS",
-    "DEFAULT_MAX_NEW_TOKENS",
-    "Answer",
-    "Coordinator",
-    "InputError",
-    "SerialPolicy",
-    "load_policy",
-]
+__all__ = ["DEFAULT_MAX_DOCUMENT_TOKENS", "Answer", "Coordinator", "InputError"]
 
 DEFAULT_MAX_DOCUMENT_TOKENS = 1_000_000
-# Per-turn generation cap for policies that recorded none (plain models, hub ids).
-DEFAULT_MAX_NEW_TOKENS = 512
 _UNSET = object()
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # ``Document 3:`` headers as coordrl lays contexts out; when present, evidence names its Documents.
@@ -80,80 +75,6 @@ class Answer:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class SerialPolicy:
-    """Lets one in-process model serve many threads: generation is serialised behind a lock
-    (a CPU/GPU forward pass gains nothing from interleaving), while readers of other episodes keep
-    running concurrently."""
-
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
-        self.name = getattr(policy, "name", type(policy).__name__)
-        self._lock = threading.Lock()
-
-    def act(self, env):
-        with self._lock:
-            return self.policy.act(env)
-
-
-def load_policy(
-    source: PolicySource,
-    *,
-    policy_url: str | None = None,
-    served_model: str | None = None,
-    device: str | None = None,
-    max_new_tokens: int | None = None,
-    temperature: float = 0.0,
-    seed: int = 0,
-    weights: str | None = None,
-    timeout_s: float = 300.0,
-    max_retries: int = 2,
-):
-    """``(policy, tokenizer)`` for a resolved policy.
-
-    Args:
-        source: from `resolve_policy`.
-        policy_url: an OpenAI-compatible server serving the policy (`OpenAIPolicy`); None (default):
-            transformers in-process (`HFPolicy`, serialised with `SerialPolicy`).
-        served_model: the model name on that server (default: the first one ``/v1/models`` lists).
-        device: in-process device (default: cuda when available, else cpu).
-        max_new_tokens: tokens per assistant turn (default: training's per-turn cap when recorded,
-            else 512).
-        temperature: 0 (default) decodes greedily.
-        seed: sampling seed.
-        weights: load weights and tokenizer from here instead of ``source.path`` (the ``prompted``
-            baseline: the base model with the trained policy's prompt and settings).
-        timeout_s / max_retries: per-request limits of the server policy (default 300 s, 2 retries).
-    """
-    from coordrl.rollout.openai_policy import OpenAIPolicy
-    from coordrl.rollout.policies import HFPolicy, ScriptedLead
-
-    if source.kind == "scripted":
-        from coordrl.data.tokens import load_tokenizer
-
-        return ScriptedLead(), load_tokenizer(None)
-    path = weights or source.path
-    assert path is not None
-    budget = max_new_tokens or source.generation.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
-    try:
-        if policy_url:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            policy = OpenAIPolicy(
-                policy_url, served_model, tokenizer, max_new_tokens=budget, temperature=temperature,
-                seed=seed, timeout_s=timeout_s, max_retries=max_retries,
-            )  # fmt: skip
-            return policy, tokenizer
-        policy = HFPolicy(path, max_new_tokens=budget, temperature=temperature, seed=seed, device=device)
-    except (OSError, ValueError) as e:
-        if isinstance(e, DataError):
-            raise
-        raise PolicyError(
-            f"cannot load policy {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
-    return SerialPolicy(policy), policy.tokenizer
 
 
 def _decode_document(document: str | bytes) -> str:
@@ -220,8 +141,6 @@ class Coordinator:
         max_completion_tokens: int | None = None,
         max_turns: int | None = None,
     ) -> None:
-        from coordrl.envs.chat import ChatCodec
-
         self.policy = policy
         self.tokenizer = tokenizer
         self.source = source
@@ -304,10 +223,6 @@ class Coordinator:
             }
             env_config = replace(env_config, **limits)
             if spec.uses_readers:
-                from coordrl.readers.fleet import (
-                    make_fleet,  # validate the reader spec now, not mid-episode
-                )
-
                 make_fleet(env_config.readers, env_config.reader_model)
         except ValueError as e:
             if isinstance(e, DataError):
@@ -343,8 +258,6 @@ class Coordinator:
         not needed to say no. Any other document is counted in windows that stop past the limit
         (`coordrl.data.tokens.count_tokens_up_to`), so memory stays that of one window.
         """
-        from coordrl.data.tokens import count_tokens_up_to, max_chars_per_token
-
         limit = self.max_document_tokens
         if self._chars_per_token is _UNSET:
             self._chars_per_token = max_chars_per_token(self.tokenizer)
@@ -373,9 +286,6 @@ class Coordinator:
         return self._run(text, question, n_tokens)
 
     def _run(self, text: str, question: str, n_tokens: int) -> Answer:
-        from coordrl.envs.step import StepEnv
-        from coordrl.rollout.episode import run_episode
-
         if self._spec.answers_by_region:
             return self._run_by_region(text, question, n_tokens)
         env = StepEnv(
@@ -411,8 +321,6 @@ class Coordinator:
         ``messages``); ``evidence`` the selected pages (``page``, ``region``, ``subagent``,
         ``documents``, ``tokens``, ``text``) in document order.
         """
-        from coordrl.envs.hmars import answer_all_regions
-
         row = {"id": "input", "question": question, "context": text, "doc_offsets": _doc_offsets(text), "answers": []}
         t0 = time.perf_counter()
         result = answer_all_regions(

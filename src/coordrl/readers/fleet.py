@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordrl.readers.base import ReaderFleet
+from coordrl.readers.lexical import LexicalReader
 
 
 def make_fleet(readers: str, model: str | None = None, **options: Any) -> ReaderFleet:
@@ -19,8 +20,6 @@ def make_fleet(readers: str, model: str | None = None, **options: Any) -> Reader
     """
     spec = readers.strip()
     if spec == "lexical":
-        from coordrl.readers.lexical import LexicalReader
-
         allowed = {k: v for k, v in options.items() if k in ("threshold",)}
         return LexicalReader(**allowed)
     urls = [u.strip() for u in spec.split(",") if u.strip()]
@@ -28,6 +27,7 @@ def make_fleet(readers: str, model: str | None = None, **options: Any) -> Reader
         raise ValueError(f"--readers must be 'lexical' or comma-separated http(s) URLs, got {readers!r}")
     if not model:
         raise ValueError("reader URLs need the served model name (--reader-model)")
+    # Lazy: the HTTP fleet loads aiohttp, which a lexical run never needs.
     from coordrl.readers.openai_fleet import OpenAIReaderFleet
 
     return OpenAIReaderFleet(urls, model, **{k: v for k, v in options.items() if k != "threshold"})

@@ -14,8 +14,11 @@ import json
 from typing import Any
 
 from coordrl.data.hmars_world import HMARS_WORLD_ENV, HMARS_WORLD_SYSTEM_PROMPT
+from coordrl.envs.chat import ChatCodec
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
 from coordrl.envs.hmars_prompts import hmars_prompt
 from coordrl.envs.hmars_world import scripted_broadcast
+from coordrl.envs.step import StepEnv, play
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 from coordrl.rollout.world import batch_actor, per_type_means, scripted_ids
 
@@ -39,8 +42,6 @@ def hmars_world_prompt(row: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def make_hmars_env_factory(tokenizer, **overrides: Any):
-    from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
-
     return HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_POLICY_ENV, **overrides}), tokenizer=tokenizer)
 
 
@@ -60,8 +61,6 @@ def hmars_demo_ids(row: dict[str, Any], kind: str, codec, factory) -> tuple[list
     `coordrl.envs.hmars_world.SCRIPTED`, then the answer the tool reported) built exactly as TRL builds
     a rollout: prompt ids with TRL's training template, assistant turns (loss 1), the tool-response
     suffix (loss 0)."""
-    from coordrl.envs.step import StepEnv
-
     env = StepEnv(factory(), codec, max_turns=MAX_TURNS, prompt_fn=hmars_world_prompt, require_stop=False)
     env.reset(**row)
     call = broadcast_call_text(*scripted_broadcast(kind, row, env.env.index))
@@ -87,9 +86,6 @@ def evaluate_hmars_world(
     ``mode="dispatch"`` for the ablations). ``<type>_broadcast`` is the share of episodes whose
     broadcast ran."""
     import torch
-
-    from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.step import StepEnv, play
 
     codec = ChatCodec(tokenizer)
     factory = make_hmars_env_factory(tokenizer, **(env_overrides or {}))

@@ -35,6 +35,7 @@ def resolve_model(spec: str) -> str:
     if spec == TINY_MODEL:
         path = cache_dir() / "models" / "tiny-qwen3-seed0"
         if not (path / "model.safetensors").exists():
+            # Lazy: building the model needs transformers and torch, which naming a model does not.
             from coordrl.rollout.tiny_qwen3 import build_tiny_qwen3
 
             build_tiny_qwen3(path, seed=0)

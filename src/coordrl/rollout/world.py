@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordrl.data.tokenizer import _synthetic_tool_texts, train_tokenizer
 from coordrl.data.world import (
     QUESTION_TYPES,
     WORLD_ENV,
@@ -27,13 +28,14 @@ from coordrl.data.world import (
     scripted_turns,
     tool_call_text,
 )
+from coordrl.envs.chat import ChatCodec
+from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT, lead_prompt
+from coordrl.envs.step import StepEnv, play
 
 
 def _corpus_texts(world: World) -> list[str]:
     """Text the world tokenizer is trained on: names, templates, prompts and tool-call shapes."""
-    from coordrl.data.tokenizer import _synthetic_tool_texts
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-
     texts = [
         LEAD_SYSTEM_PROMPT,
         WORLD_SYSTEM_PROMPT,
@@ -75,8 +77,6 @@ def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, v
 
     Raises ValueError when some entity name is not a single leading-space token.
     """
-    from coordrl.data.tokenizer import train_tokenizer
-
     world = make_world(seed)
     # Every name must be one token: merge pairs seen once, and split words the world's way.
     tok = train_tokenizer(
@@ -93,14 +93,10 @@ def build_world_tokenizer(seed: int = 0, extra_texts: list[str] | None = None, v
 
 def with_world_prompt(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with the ``prompt`` column `coordrl train` gives it under configs/world_cpu.yaml."""
-    from coordrl.envs.prompts import lead_prompt
-
     return {**row, "prompt": lead_prompt(row["question"], WORLD_SYSTEM_PROMPT)}
 
 
 def make_env_factory(tokenizer, **overrides: Any):
-    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
-
     return ParserEnvFactory(ParserEnvConfig(**{**WORLD_ENV, **overrides}), tokenizer=tokenizer)
 
 
@@ -113,8 +109,6 @@ def demo_ids(
 ) -> tuple[list[int], list[int]]:
     """``(ids, loss_mask)`` of a scripted episode built exactly as TRL builds a rollout: prompt ids with
     TRL's training template, each assistant turn's ids (loss 1), each tool round's suffix ids (loss 0)."""
-    from coordrl.envs.step import StepEnv
-
     env = StepEnv(
         factory(),
         codec,
@@ -228,9 +222,6 @@ def evaluate_world(
     environment it was trained in. Besides exact match, ``<type>_reader_calls`` is the mean number
     of reader calls per episode."""
     import torch
-
-    from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.step import StepEnv, play
 
     codec = ChatCodec(tokenizer)
     factory = make_env_factory(tokenizer, **(env_overrides or {}))

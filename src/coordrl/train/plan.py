@@ -39,9 +39,12 @@ from typing import Any
 
 from safetensors import safe_open
 
+from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
 from coordrl.envs.protocols import get_protocol
+from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.retry import RetryPolicy
-from coordrl.train.config import TrainConfig
+from coordrl.rollout.models import cache_dir
+from coordrl.train.config import ConfigError, TrainConfig
 
 __all__ = [
     "Batch",
@@ -206,8 +209,6 @@ def model_shape(model: str, model_params: float | None = None) -> ModelShape:
     """The policy's shape: a local folder's config.json (and safetensors headers), the local hub cache,
     else the Qwen3 size class of ``model_params``. Raises `PlanError` when none is available."""
     if model == TINY_MODEL:
-        from coordrl.rollout.models import cache_dir
-
         folder = cache_dir() / "models" / "tiny-qwen3-seed0"
         if (folder / "config.json").exists():
             model = str(folder)
@@ -399,8 +400,6 @@ def _fleet_backoff_s() -> float:
     """`OpenAIReaderFleet`'s default backoff (read from its signature, so the plan cannot drift from it)."""
     import inspect
 
-    from coordrl.readers.openai_fleet import OpenAIReaderFleet
-
     return float(inspect.signature(OpenAIReaderFleet).parameters["backoff_s"].default)
 
 
@@ -571,8 +570,6 @@ def check_batch(cfg: TrainConfig, num_processes: int = 1) -> Batch:
     Raises `coordrl.train.config.ConfigError` naming the fields to change (TRL's own error only says
     which numbers do not divide).
     """
-    from coordrl.train.config import ConfigError
-
     g = cfg.grpo
     use_vllm, mode = bool(_g(g, "use_vllm")), str(_g(g, "vllm_mode"))
     generation = f"vllm-{mode}" if use_vllm else "transformers"
@@ -588,8 +585,6 @@ def check_batch(cfg: TrainConfig, num_processes: int = 1) -> Batch:
 
 def prompt_tokens_estimate(protocol: str = "parser", system_prompt: str | None = None) -> int:
     """Tokens of the rollout prompt: the system prompt (chars / 3.5; default coordrl's) + `PROMPT_FIXED_TOKENS`."""
-    from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
-
     return math.ceil(len(system_prompt or LEAD_SYSTEM_PROMPT) / PROMPT_CHARS_PER_TOKEN) + PROMPT_FIXED_TOKENS
 
 

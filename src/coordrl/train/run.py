@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from coordrl import __version__
+from coordrl.data.build import BuildConfig, build_dataset
+from coordrl.data.hmars_world import HMARS_WORLD_ENV, build_hmars_world_dataset
+from coordrl.data.resources import shipped_path
+from coordrl.data.show import load_built
+from coordrl.data.world import build_world_dataset
 from coordrl.envs.protocols import get_protocol
+from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 from coordrl.rollout.models import (
     CHECKPOINT_META,
     COMPLETE_MARKER,
@@ -34,6 +40,9 @@ from coordrl.rollout.models import (
 )
 from coordrl.rundir import RunLock, rewrite_jsonl
 from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
+from coordrl.train.plan import check_batch
+from coordrl.train.reward import EpisodeReward
+from coordrl.train.trainer import CoordGRPOTrainer
 
 DEFAULT_OUTPUT_DIR = "runs/coordrl"
 
@@ -90,9 +99,6 @@ def _dataset(
 ):
     """Load a built dataset folder, or build one (shipped sample, world, HMARS world); add the ``prompt``
     column. ``tokenizer``: the policy's, which HMARS world pages are laid out with."""
-    from coordrl.data.build import BuildConfig, build_dataset
-    from coordrl.data.show import load_built
-
     if spec is None:
         return None
     if spec == "sample":
@@ -114,8 +120,6 @@ def _dataset(
         spec = str(folder)
     elif spec == "world":
         # The synthetic multi-hop world (coordrl.data.world): training chains, or the held-out ones.
-        from coordrl.data.world import build_world_dataset
-
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
         settings = {
             "world_train_size": coord.world_train_size,
@@ -138,8 +142,6 @@ def _dataset(
     elif spec == "hmars_world":
         # The HMARS world (coordrl.data.hmars_world): laid out with the policy's tokenizer, so the
         # folder is keyed by it as well as by the seed.
-        from coordrl.data.hmars_world import build_hmars_world_dataset
-
         root = output_dir / "data" / f"hmars-world-seed{coord.seed_data}-{_vocab_tag(tokenizer)}"
         _cached_build(
             root,
@@ -184,8 +186,6 @@ def _vocab_tag(tokenizer) -> str:
 def _check_world_layout(cfg: TrainConfig) -> None:
     """HMARS world rows are laid out for `HMARS_WORLD_ENV`'s regions and pages; other sizes would
     split the evidence differently than the world promises, so they are refused, naming the field."""
-    from coordrl.data.hmars_world import HMARS_WORLD_ENV
-
     if "hmars_world" not in (cfg.coord.train_data, cfg.coord.eval_data):
         return
     if cfg.coord.protocol != "hmars":
@@ -204,14 +204,10 @@ def system_prompt_of(coord: CoordConfig) -> str:
 
 
 def _shipped_train_sample() -> Path:
-    from coordrl.data.resources import shipped_path
-
     return shipped_path("hotpotqa-train")
 
 
 def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
-    from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
-
     system_prompt = system_prompt_of(cfg.coord)
     tools, env = [get_protocol(cfg.coord.protocol).tool], asdict(cfg.env_config(model_path))
     return {
@@ -275,10 +271,6 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         fleet: a reader fleet to use instead of the one the config describes.
     """
     from trl import GRPOConfig
-
-    from coordrl.train.plan import check_batch
-    from coordrl.train.reward import EpisodeReward
-    from coordrl.train.trainer import CoordGRPOTrainer
 
     _secret_safe_env()
     grpo_kwargs = dict(cfg.grpo)
