@@ -1,8 +1,10 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from coordrl.cli import main
+from coordrl.data.show import load_built
 
 
 def test_help_lists_subcommands(capsys):
@@ -86,3 +88,42 @@ def test_sweep_cli(tmp_path, capsys):
     ]
     assert main(["data", "sweep", "--questions", "2", "--controls", "bogus", "--out", str(tmp_path / "z")]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def _checkpoint(tmp_path: Path, meta: dict) -> Path:
+    """A complete training checkpoint by hand: the tiny random Qwen3 plus coordrl's markers."""
+    import shutil
+
+    from coordrl.rollout.models import CHECKPOINT_META, COMPLETE_MARKER, TINY_MODEL, resolve_model
+
+    folder = tmp_path / "run" / "checkpoint-1"
+    shutil.copytree(resolve_model(TINY_MODEL), folder)
+    (folder / CHECKPOINT_META).write_text(json.dumps(meta))
+    (folder / COMPLETE_MARKER).write_text("")
+    return folder
+
+
+def test_rollout_plays_a_checkpoint_with_its_recorded_prompt(tmp_path, capsys):
+    """`coordrl rollout` loads a policy as eval and answer do: a checkpoint plays with the system prompt
+    it was trained with, not the default lead prompt."""
+    data = tmp_path / "ds"
+    assert main(["data", "build", "--out", str(data), "--num-paragraphs", "30", "--num-samples", "1"]) == 0
+    prompt = "You lead readers. Recorded-prompt marker 7319."
+    ckpt = _checkpoint(tmp_path, {"protocol": "parser", "system_prompt": prompt, "env": {}})
+    capsys.readouterr()
+    argv = ["rollout", "--data", str(data), "--policy", str(ckpt), "--max-turns", "1", "--max-new-tokens", "4"]
+    assert main([*argv, "--json"]) == 0
+    episode = json.loads(capsys.readouterr().out)
+    assert episode["messages"][0] == {"role": "system", "content": prompt}
+    question = load_built(data)[0]["question"]
+    assert question in episode["messages"][1]["content"]
+
+
+def test_rollout_refuses_an_hmars_policy_by_name(tmp_path, capsys):
+    data = tmp_path / "ds"
+    assert main(["data", "build", "--out", str(data), "--num-paragraphs", "30", "--num-samples", "1"]) == 0
+    ckpt = _checkpoint(tmp_path, {"protocol": "hmars", "system_prompt": "mid-agent", "env": {}})
+    capsys.readouterr()
+    assert main(["rollout", "--data", str(data), "--policy", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert "is an hmars policy" in err and "coordrl answer" in err and "Traceback" not in err

@@ -191,41 +191,43 @@ def _format(episode):
 
 
 def _rollout_episode(args: argparse.Namespace):
+    """One PARSER episode of ``args.policy``, resolved and loaded as ``eval`` and ``answer`` load it:
+    a checkpoint or export plays with the system prompt and environment settings it was trained with."""
+    from dataclasses import replace
+
     from coordrl.data.show import load_built
     from coordrl.envs.chat import ChatCodec
-    from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
+    from coordrl.envs.protocols import get_protocol
     from coordrl.envs.step import StepEnv
     from coordrl.rollout.episode import run_episode
-    from coordrl.rollout.policies import HFPolicy, ScriptedLead
+    from coordrl.rollout.policy_source import load_policy, resolve_policy
 
     ds = load_built(args.data)
     if not 0 <= args.sample < len(ds):
         raise UsageError(f"--sample {args.sample} out of range: {args.data} holds {len(ds)} samples")
-    if args.policy == "scripted":
-        from coordrl.data.tokens import load_tokenizer
-
-        policy, tokenizer = ScriptedLead(), load_tokenizer(None)
-    else:
-        if not Path(args.policy).is_dir():
-            raise UsageError(f"--policy must be 'scripted' or a model folder; {args.policy} is not a folder")
-        policy = HFPolicy(args.policy, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
-        tokenizer = policy.tokenizer
-    try:
-        config = ParserEnvConfig(
-            readers=args.readers,
-            reader_model=args.reader_model,
-            chunk_tokens=args.chunk_tokens,
-            chunk_overlap_tokens=args.chunk_overlap_tokens or 0,
-            max_turns=args.max_turns,
-            # No policy settings are recorded here: without --activation the environment's default holds.
-            **({"activation": args.activation} if args.activation is not None else {}),
-            **reader_limits(args),
+    source = resolve_policy(args.policy)
+    if not get_protocol(source.protocol).uses_readers:
+        raise UsageError(
+            f"--policy {args.policy} is an {source.protocol} policy; rollout plays PARSER episodes "
+            "(run HMARS episodes with coordrl answer or coordrl eval)"
         )
-        factory = ParserEnvFactory(config, tokenizer=tokenizer)
-        env = StepEnv(factory(), ChatCodec(tokenizer), max_turns=config.max_turns)
+    try:
+        config = source.env_config(
+            readers=args.readers, reader_model=args.reader_model, max_turns=args.max_turns,
+            chunk_tokens=args.chunk_tokens, chunk_overlap_tokens=args.chunk_overlap_tokens, activation=args.activation,
+        )  # fmt: skip
+        config = replace(config, **reader_limits(args))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    policy, tokenizer = load_policy(
+        source, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
+    )
+    factory = get_protocol(source.protocol).factory(config, tokenizer=tokenizer)
     try:
+        env = StepEnv(
+            factory(), ChatCodec(tokenizer), max_turns=config.max_turns,
+            prompt_fn=lambda row: source.prompt(row["question"]),
+        )  # fmt: skip
         return run_episode(env, policy, ds[args.sample])
     finally:
         factory.close()
@@ -308,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--sample", type=int, default=0, help="sample index (default 0)")
     add_episode_flags(
         rollout,
-        {"default": "scripted", "help": "'scripted' (model-free baseline) or a model folder"},
+        {"default": "scripted", "help": "'scripted' (model-free baseline), a checkpoint, an export or a model folder"},
         max_turns=12,
         chunk_tokens=512,
         max_turns_help="tool rounds allowed (default 12, the evaluation cap)",
