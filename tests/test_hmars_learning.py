@@ -8,19 +8,18 @@ chains never occur in training.
 
 The measure is the episode reward (exact match + 0.5 x recall), not exact match alone: recall moves
 before exact match does (one routed hop counts), so a short run shows it above the sampling noise.
-Threshold: ``MIN_GAIN`` = 0.10. Measured with exactly this setup on a 2-core AVX2-only EPYC (about
-4.3 minutes of GRPO, 5.8 for the whole test): 0.562 -> 0.771 (+0.208; exact match 32% -> 45%,
-recall 0.49 -> 0.64). Noise without learning: the warm start evaluated with sampling seeds 0-5 on the
-same 60 questions scores 0.562-0.679 (stdev 0.045). So 0.10 is half the measured gain and more than
-twice the noise: a broken reward, loss mask, tool loop or observation fails it; seed luck does not.
-(Measured before the lexical writer's entity names stopped at line breaks, which changed the
-observation's entity lines.)
+Threshold: ``MIN_GAIN`` = 0.10. Measured with exactly this setup (the warm start rebuilt after the
+lexical writer's entity names stopped at line breaks, 24 steps) on a 2-core Xeon with AMX: 0.575 -> 0.825
+(+0.250; exact match 33% -> 50%, recall 0.48 -> 0.65), 4.7 minutes for the test; after 16 steps it was
++0.108. Noise without learning, measured with the previous warm start: its reward over sampling seeds
+0-5 on the same 60 questions spanned 0.562-0.679 (stdev 0.045). So 0.10 is well under the measured gain
+and more than twice the noise: a broken reward, loss mask, tool loop or observation fails it; seed luck
+does not.
 
-GRPO runs in fp32 on every CPU (``bf16: false``), as ``bf16: auto`` runs it on the AVX2 machine the
-threshold was measured on: with native bf16 (AVX512-BF16 / AMX cores) ``auto`` trains under bf16
-autocast, a different numeric path, and there the same 16 steps measured 0.675 -> 0.587 (twice,
-identical), so the verdict depended on the CPU kind. In fp32 on those cores: 0.675 -> 0.788 (+0.113;
-exact match 38% -> 47%, recall 0.58 -> 0.64), 3.2 minutes for the test.
+GRPO runs in fp32 on every CPU (``bf16: false``), as ``bf16: auto`` runs it on AVX2-only machines: with
+native bf16 (AVX512-BF16 / AMX cores) ``auto`` trains under bf16 autocast, a different numeric path, and
+there 16 steps from the previous warm start measured 0.675 -> 0.587 (twice, identical), so the verdict
+depended on the CPU kind.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from coordrl.train.config import load_config
 from coordrl.train.run import train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "hmars_world_cpu.yaml"
-STEPS = 16
+STEPS = 24
 N_EVAL = 60
 MIN_GAIN = 0.10
 RECALL_WEIGHT = 0.5  # configs/hmars_world_cpu.yaml's hmars.recall_weight
