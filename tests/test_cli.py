@@ -127,3 +127,15 @@ def test_rollout_refuses_an_hmars_policy_by_name(tmp_path, capsys):
     assert main(["rollout", "--data", str(data), "--policy", str(ckpt)]) == 2
     err = capsys.readouterr().err
     assert "is an hmars policy" in err and "coordrl answer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("readers", "message"), [("bogus", "--readers must be"), ("http://127.0.0.1:9", "--reader-model")]
+)
+def test_rollout_bad_readers_is_a_one_line_error(tmp_path, capsys, readers, message):
+    data = tmp_path / "ds"
+    assert main(["data", "build", "--out", str(data), "--num-paragraphs", "30", "--num-samples", "1"]) == 0
+    capsys.readouterr()
+    assert main(["rollout", "--data", str(data), "--readers", readers]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coordrl: error: ") and message in err and "Traceback" not in err

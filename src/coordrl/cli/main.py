@@ -224,10 +224,13 @@ def _rollout_episode(args: argparse.Namespace):
     )
     factory = get_protocol(source.protocol).factory(config, tokenizer=tokenizer)
     try:
-        env = StepEnv(
-            factory(), ChatCodec(tokenizer), max_turns=config.max_turns,
-            prompt_fn=lambda row: source.prompt(row["question"]),
-        )  # fmt: skip
+        try:  # the reader fleet is built here: a bad --readers is a one-line error, not a traceback
+            env = StepEnv(
+                factory(), ChatCodec(tokenizer), max_turns=config.max_turns,
+                prompt_fn=lambda row: source.prompt(row["question"]),
+            )  # fmt: skip
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return run_episode(env, policy, ds[args.sample])
     finally:
         factory.close()
