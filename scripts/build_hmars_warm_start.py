@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import sys
@@ -46,6 +47,17 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def lr_at(step: int, steps: int, *, lr: float, warmup: int, lr_end: float | None) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then constant (``lr_end`` None) or cosine-decayed
+    to ``lr_end`` at the last step."""
+    if step <= warmup:
+        return lr * step / warmup
+    if lr_end is None or steps <= warmup:
+        return lr
+    done = (step - warmup) / (steps - warmup)
+    return lr_end + (lr - lr_end) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
 def build(
     out: Path,
     *,
@@ -58,6 +70,8 @@ def build(
     lr: float = 1e-3,
     batch: int = 8,
     warmup: int = 20,
+    lr_end: float | None = None,
+    bad_kinds: dict[str, float] | None = None,
     name_weight: float = 4.0,
     threads: int | None = 2,
 ) -> dict:
@@ -76,6 +90,7 @@ def build(
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         t0 = time.time()
+        bad_kinds = dict(bad_kinds or BAD_KINDS)
         rng = random.Random(seed)
         torch.manual_seed(seed)
         init = init or ROOT / "src" / "coordrl" / "resources" / "warm_start"
@@ -87,7 +102,7 @@ def build(
         factory = make_hmars_env_factory(tok, lexical_query_sentences=False)
         try:
             good = [hmars_demo_ids(row, "good", codec, factory) for row in splits["train"]]
-            bad = {k: [hmars_demo_ids(row, k, codec, factory) for row in splits["train"]] for k in BAD_KINDS}
+            bad = {k: [hmars_demo_ids(row, k, codec, factory) for row in splits["train"]] for k in bad_kinds}
         finally:
             factory.close()
         log(
@@ -102,7 +117,7 @@ def build(
         )
         prefix = torch.tensor([every[0][0][:prefix_len]])
         log(f"shared prompt prefix: {prefix_len} tokens")
-        kinds, weights = list(BAD_KINDS), list(BAD_KINDS.values())
+        kinds, weights = list(bad_kinds), list(bad_kinds.values())
 
         def pick() -> tuple[list[int], list[int]]:
             i = rng.randrange(len(good))
@@ -138,7 +153,7 @@ def build(
         t_sft = time.time()
         for step in range(1, steps + 1):
             for g in opt.param_groups:
-                g["lr"] = lr * min(1.0, step / warmup)
+                g["lr"] = lr_at(step, steps, lr=lr, warmup=warmup, lr_end=lr_end)
             loss = loss_of([pick() for _ in range(batch)])
             opt.zero_grad()
             loss.backward()
@@ -162,11 +177,12 @@ def build(
             "seed": seed,
             "steps": steps,
             "p_good": p_good,
-            "bad_kinds": BAD_KINDS,
+            "bad_kinds": bad_kinds,
             "n_train": n_train,
             "lr": lr,
             "batch": batch,
             "warmup": warmup,
+            "lr_end": lr_end,
             "name_weight": name_weight,
             "sft_seconds": round(sft_s, 1),
             "total_seconds": round(time.time() - t0, 1),
@@ -183,6 +199,17 @@ def build(
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
+def _kinds(text: str) -> dict[str, float]:
+    out = {}
+    for part in text.split(","):
+        kind, _, weight = part.partition("=")
+        try:
+            out[kind.strip()] = float(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected KIND=WEIGHT") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/hmars_warm_start")
@@ -195,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument(
+        "--lr-end", type=float, default=None, help="cosine-decay the rate to this at the last step (default: constant)"
+    )
+    p.add_argument(
+        "--bad-kinds",
+        type=_kinds,
+        default=None,
+        help="the other demonstrations' broadcast kinds and weights, e.g. first_hop=0.5,question=0.5",
+    )
     p.add_argument("--name-weight", type=float, default=4.0)
     p.add_argument(
         "--threads", type=int, default=2, help="torch threads (fixed, so the weights do not depend on the core count)"
