@@ -40,6 +40,9 @@
    hinted sub-agents select). Target: sampled >= 85%, greedy >= 90% and greedy recall >= 0.95 on both
    types, every seed; GRPO <= 10 minutes per seed.
 
+``learning_check.json`` names the warm start it started from (``warm_start``: folder, weights' SHA-256,
+the recipe from its ``coordrl_warm_start.json``), so records made from different warm starts are told apart.
+
 Target (PARSER): sampled >= 90% and greedy >= 95% on both question types, for every seed. Time targets (idle
 2-core machine, lexical readers): warm start <= 10 minutes, GRPO <= 5 minutes per seed, the whole
 check <= 30 minutes. Targets are printed next to the results, never adjusted.
@@ -51,6 +54,7 @@ check <= 30 minutes. Targets are printed next to the results, never adjusted.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -357,6 +361,19 @@ def fmt(ev: dict) -> str:
     return text
 
 
+def warm_start_record(warm: Path) -> dict:
+    """Which warm start a record starts from: its folder, the weights' SHA-256 and the recipe its
+    ``coordrl_warm_start.json`` states (everything but the loss history and the environment)."""
+    weights = warm / "model.safetensors"
+    meta_file = warm / "coordrl_warm_start.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    return {
+        "path": str(warm.relative_to(ROOT)) if warm.is_relative_to(ROOT) else str(warm),
+        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else None,
+        "recipe": {k: v for k, v in meta.items() if k not in ("history", "env")},
+    }
+
+
 def heldout_rows(setup: Setup, n: int, warm: Path, overrides: dict[str, str]) -> list[dict]:
     """The held-out questions: the world's (cut into reader chunks as training cuts them, see
     ``world_docs_per_chunk``), laid out for HMARS with the policy's tokenizer."""
@@ -545,6 +562,7 @@ def check(
     if setup.target_recall is not None:
         target["recall"] = setup.target_recall
     results: dict = {"protocol": setup.protocol, "seeds": {}, "target": target, "overrides": overrides}
+    results["warm_start"] = warm_start_record(warm)
     if served:
         results["readers"] = {"mode": "vllm", "model": served.model, "url": served.url, "log": str(served.log)}
     curves: dict[int, list[dict]] = {}

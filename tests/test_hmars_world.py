@@ -6,6 +6,7 @@ Lexical roles only (writer, selector) with the model-free rule answerer: a few d
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -377,3 +378,61 @@ def test_kept_hmars_warm_start_resolves_and_shares_the_world_tokenizer():
     assert meta["env"]["question_after_memory"] is True
     world = AutoTokenizer.from_pretrained(resolve_model(WORLD_MODEL))
     assert AutoTokenizer.from_pretrained(str(folder)).get_vocab() == world.get_vocab()
+
+
+def _hmars_warm_start_builder():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "build_hmars_warm_start", Path(__file__).parents[1] / "scripts" / "build_hmars_warm_start.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hmars_warm_start_rate_warms_up_then_decays_to_its_end():
+    lr_at = _hmars_warm_start_builder().lr_at
+    assert [lr_at(s, 100, lr=1.0, warmup=10, lr_end=None) for s in (1, 5, 10, 11, 100)] == [0.1, 0.5, 1.0, 1.0, 1.0]
+    decayed = [lr_at(s, 100, lr=1.0, warmup=10, lr_end=0.1) for s in range(10, 101)]
+    assert decayed[0] == 1.0 and decayed[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(decayed))
+
+
+def test_kept_hmars_warm_start_is_what_the_builder_builds_by_default():
+    import inspect
+
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, resolve_model
+
+    mod = _hmars_warm_start_builder()
+    meta = json.loads((Path(resolve_model(HMARS_WORLD_MODEL)) / "coordrl_warm_start.json").read_text())
+    defaults = {
+        k: v.default
+        for k, v in inspect.signature(mod.build).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
+    assert meta["bad_kinds"] == mod.BAD_KINDS
+    for key in ("seed", "steps", "p_good", "n_train", "lr", "batch", "warmup", "name_weight"):
+        assert meta[key] == defaults[key], key
+    # Builds from before the rate could decay say nothing of lr_end: their rate was constant.
+    assert meta.get("lr_end") == defaults["lr_end"]
+
+
+def test_learning_check_records_which_warm_start_it_started_from(monkeypatch):
+    import hashlib
+    import importlib.util
+    import sys
+
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, resolve_model
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_check.py"
+    spec = importlib.util.spec_from_file_location("learning_check", path)
+    check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "learning_check", check)
+    spec.loader.exec_module(check)
+    kept = Path(resolve_model(HMARS_WORLD_MODEL))
+    record = check.warm_start_record(kept)
+    assert record["path"] == "src/coordrl/resources/hmars_warm_start"
+    assert record["sha256"] == hashlib.sha256((kept / "model.safetensors").read_bytes()).hexdigest()
+    meta = json.loads((kept / "coordrl_warm_start.json").read_text())
+    assert record["recipe"]["steps"] == meta["steps"] and "history" not in record["recipe"]
