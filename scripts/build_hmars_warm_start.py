@@ -16,6 +16,10 @@ are played with whole query parts (``lexical_query_sentences`` off), as the kept
 built; the world scores each query sentence alone, where ``misrouted`` and ``interpretation_only``
 would be answered too. Either way the answer turn copies the tool result's answer.
 
+``--bad-kinds`` replaces that mix (e.g. ``first_hop=0.5,question=0.5``: kinds that also fail under
+sentence scoring), and ``--lr-end`` cosine-decays the rate after warmup, which makes sampled tool calls
+parse far more often (docs/hmars_world.md, "fp32, the GRPO rate, and a decayed SFT rate").
+
 Entity names and digits (sub-agent ids) in demonstrations weigh ``--name-weight`` in the loss: they
 are a few tokens among dozens of fixed JSON ones.
 
