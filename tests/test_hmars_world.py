@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
@@ -381,14 +382,7 @@ def test_kept_hmars_warm_start_resolves_and_shares_the_world_tokenizer():
 
 
 def _hmars_warm_start_builder():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "build_hmars_warm_start", Path(__file__).parents[1] / "scripts" / "build_hmars_warm_start.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/build_hmars_warm_start.py")
 
 
 def test_hmars_warm_start_rate_warms_up_then_decays_to_its_end():
@@ -418,18 +412,12 @@ def test_kept_hmars_warm_start_is_what_the_builder_builds_by_default():
     assert meta.get("lr_end") == defaults["lr_end"]
 
 
-def test_learning_check_records_which_warm_start_it_started_from(monkeypatch):
+def test_learning_check_records_which_warm_start_it_started_from():
     import hashlib
-    import importlib.util
-    import sys
 
     from coordrl.rollout.models import HMARS_WORLD_MODEL, resolve_model
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_check.py"
-    spec = importlib.util.spec_from_file_location("learning_check", path)
-    check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "learning_check", check)
-    spec.loader.exec_module(check)
+    check = load_script("benchmarks/learning_check.py")
     kept = Path(resolve_model(HMARS_WORLD_MODEL))
     record = check.warm_start_record(kept)
     assert record["path"] == "src/coordrl/resources/hmars_warm_start"

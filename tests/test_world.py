@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from repo_scripts import load_script
 
 from coordrl.data.world import (
     DECADES,
@@ -180,14 +181,9 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     meta = json.loads((Path(kept) / "coordrl_warm_start.json").read_text())
     # The kept checkpoint is what scripts/build_warm_start.py builds with its defaults.
     assert meta["steps"] == 400 and meta["p_good"] == {"bridge": 0.35, "comparison": 0.35}
-    import importlib.util
     import inspect
 
-    spec = importlib.util.spec_from_file_location(
-        "build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _warm_start_builder()
     defaults = {
         k: v.default
         for k, v in inspect.signature(mod.build).parameters.items()
@@ -212,15 +208,7 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
 
 
 def _warm_start_builder():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "build_warm_start", Path(__file__).parents[1] / "scripts" / "build_warm_start.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/build_warm_start.py")
 
 
 def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
