@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -27,3 +28,10 @@ def load_script(relative: str) -> ModuleType:
         else:
             sys.modules[path.stem] = before
     return mod
+
+
+def defaults(fn) -> dict:
+    """``fn``'s keyword defaults by name (what a kept artefact's recorded recipe is compared with)."""
+    return {
+        k: v.default for k, v in inspect.signature(fn).parameters.items() if v.default is not inspect.Parameter.empty
+    }

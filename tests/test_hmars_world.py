@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from repo_scripts import load_script
+from repo_scripts import defaults, load_script
 
 from coordrl.data.chunk import chunk_context
 from coordrl.data.errors import DataError
@@ -347,16 +347,8 @@ def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_
         _check_world_layout(bad)
 
 
-def test_learning_check_hmars_refuses_the_parser_only_options(capsys, monkeypatch):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_check.py"
-    spec = importlib.util.spec_from_file_location("learning_check", path)
-    check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "learning_check", check)  # its dataclasses look their module up
-    spec.loader.exec_module(check)
+def test_learning_check_hmars_refuses_the_parser_only_options(capsys):
+    check = load_script("benchmarks/learning_check.py")
     assert check.SETUPS["hmars"].config.name == "hmars_world_cpu.yaml" and check.SETUPS["hmars"].config.exists()
     for extra in (["--readers", "vllm"], ["--ablations"]):
         with pytest.raises(SystemExit) as exc:
@@ -381,12 +373,8 @@ def test_kept_hmars_warm_start_resolves_and_shares_the_world_tokenizer():
     assert AutoTokenizer.from_pretrained(str(folder)).get_vocab() == world.get_vocab()
 
 
-def _hmars_warm_start_builder():
-    return load_script("scripts/build_hmars_warm_start.py")
-
-
 def test_hmars_warm_start_rate_warms_up_then_decays_to_its_end():
-    lr_at = _hmars_warm_start_builder().lr_at
+    lr_at = load_script("scripts/build_hmars_warm_start.py").lr_at
     assert [lr_at(s, 100, lr=1.0, warmup=10, lr_end=None) for s in (1, 5, 10, 11, 100)] == [0.1, 0.5, 1.0, 1.0, 1.0]
     decayed = [lr_at(s, 100, lr=1.0, warmup=10, lr_end=0.1) for s in range(10, 101)]
     assert decayed[0] == 1.0 and decayed[-1] == pytest.approx(0.1)
@@ -394,22 +382,16 @@ def test_hmars_warm_start_rate_warms_up_then_decays_to_its_end():
 
 
 def test_kept_hmars_warm_start_is_what_the_builder_builds_by_default():
-    import inspect
-
     from coordrl.rollout.models import HMARS_WORLD_MODEL, resolve_model
 
-    mod = _hmars_warm_start_builder()
+    mod = load_script("scripts/build_hmars_warm_start.py")
     meta = json.loads((Path(resolve_model(HMARS_WORLD_MODEL)) / "coordrl_warm_start.json").read_text())
-    defaults = {
-        k: v.default
-        for k, v in inspect.signature(mod.build).parameters.items()
-        if v.default is not inspect.Parameter.empty
-    }
+    built_with = defaults(mod.build)
     assert meta["bad_kinds"] == mod.BAD_KINDS
     for key in ("seed", "steps", "p_good", "n_train", "lr", "batch", "warmup", "name_weight"):
-        assert meta[key] == defaults[key], key
+        assert meta[key] == built_with[key], key
     # Builds from before the rate could decay say nothing of lr_end: their rate was constant.
-    assert meta.get("lr_end") == defaults["lr_end"]
+    assert meta.get("lr_end") == built_with["lr_end"]
 
 
 def test_learning_check_records_which_warm_start_it_started_from():

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from repo_scripts import load_script
+from repo_scripts import defaults, load_script
 
 from coordrl.data.world import (
     DECADES,
@@ -181,14 +181,7 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     meta = json.loads((Path(kept) / "coordrl_warm_start.json").read_text())
     # The kept checkpoint is what scripts/build_warm_start.py builds with its defaults.
     assert meta["steps"] == 400 and meta["p_good"] == {"bridge": 0.35, "comparison": 0.35}
-    import inspect
-
-    mod = _warm_start_builder()
-    defaults = {
-        k: v.default
-        for k, v in inspect.signature(mod.build).parameters.items()
-        if v.default is not inspect.Parameter.empty
-    }
+    built_with = defaults(_warm_start_builder().build)
     for key in (
         "seed",
         "lr",
@@ -204,7 +197,7 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
         "adjacent_from",
         "n_train",
     ):
-        assert meta[key] == defaults[key], key
+        assert meta[key] == built_with[key], key
 
 
 def _warm_start_builder():

@@ -7,11 +7,10 @@ test_world_reader_vllm.py, which serves it once for that test and the learning c
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 from world_probe import kept_reader_heldout, probe_examples
 
 from coordrl.data.world import make_world, q_city, world_splits
@@ -27,19 +26,10 @@ from coordrl.data.world_reader import (
 from coordrl.readers.base import ReaderRequest
 from coordrl.readers.lexical import LexicalReader
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _builder():
-    spec = importlib.util.spec_from_file_location("build_world_reader", REPO / "scripts" / "build_world_reader.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
 def builder():
-    return _builder()
+    return load_script("scripts/build_world_reader.py")
 
 
 @pytest.fixture(scope="module")
