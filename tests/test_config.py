@@ -58,6 +58,11 @@ def test_overrides_are_coerced_by_the_resolved_field_types():
         ({"hmars": "3"}, "hmars: cannot use '3' (expected a mapping)"),
         ({"seed": "null"}, "seed: may not be null"),
         ({"world_docs_per_chunk": "0"}, "world_docs_per_chunk: must be >= 1, got 0"),
+        (
+            {"world_train_docs": "[8, 0]"},
+            "world_train_docs: must be a non-empty list of document counts >= 1, got [8, 0]",
+        ),
+        ({"world_train_docs": "[]"}, "world_train_docs: must be a non-empty list of document counts >= 1, got []"),
     ],
 )
 def test_bad_values_name_the_field(override, message):

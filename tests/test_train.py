@@ -335,3 +335,8 @@ def test_data_a_run_built_with_other_settings_is_rebuilt_not_reused(tmp_path, ca
     )
     assert "world_docs_per_chunk: 2 -> 1" in capsys.readouterr().err
     assert all(len(docs) == 1 for docs in one[0]["chunk_documents"])
+    padded = _dataset(
+        "world", CoordConfig(world_train_size=20, world_heldout_size=4, world_train_docs=[16]), tmp_path, "train"
+    )
+    assert "world_train_docs: None -> [16]" in capsys.readouterr().err
+    assert all(len(row["doc_offsets"]) == 16 for row in padded)

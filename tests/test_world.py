@@ -84,6 +84,22 @@ def test_one_document_per_chunk_cuts_the_same_questions_into_single_document_chu
         build_world_dataset(tmp_path / "w0", n_train=4, n_heldout=2, docs_per_chunk=0)
 
 
+def test_mixed_training_lengths_pad_the_same_training_questions_and_leave_heldout_alone(tmp_path):
+    plain, mixed = world_splits(60, 10, seed=0), world_splits(60, 10, seed=0, train_docs=[8, 32, 64])
+    assert mixed["heldout"] == plain["heldout"]
+    for a, b in zip(plain["train"], mixed["train"], strict=True):
+        assert (a["id"], a["question"], a["answers"], a["chain"]) == (b["id"], b["question"], b["answers"], b["chain"])
+    lengths = [len(r["doc_offsets"]) for r in mixed["train"]]
+    assert set(lengths) == {8, 32, 64}  # each length drawn, per question
+    assert lengths == [len(r["doc_offsets"]) for r in world_splits(60, 10, seed=0, train_docs=[8, 32, 64])["train"]]
+    assert {len(r["doc_offsets"]) for r in plain["train"]} == {7}
+    build_world_dataset(tmp_path / "w", n_train=4, n_heldout=2, seed=0, train_docs=[16])
+    assert json.loads((tmp_path / "w" / "world.json").read_text())["train_docs"] == [16]
+    for bad in ([], [0], ["8"]):
+        with pytest.raises(ValueError, match="train_docs"):
+            build_world_dataset(tmp_path / "bad", n_train=4, n_heldout=2, train_docs=bad)
+
+
 def test_dataset_folder_loads(tmp_path):
     from coordrl.data.show import load_built
 

@@ -34,6 +34,7 @@ import functools
 import itertools
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,19 +276,23 @@ def world_rows(
     world: World,
     exclude: set[tuple] | None = None,
     prefix: str = "world",
-    n_docs: int | None = None,
+    n_docs: int | Sequence[int] | None = None,
     docs_per_chunk: int = DOCS_PER_CHUNK,
 ) -> tuple[list[dict[str, Any]], set[tuple]]:
     """``n`` questions, types alternating, chains unique and outside ``exclude``; ``n_docs`` pads each
-    document to that many documents (the same questions at every length), ``docs_per_chunk`` sets the
-    reader chunks (see `make_question`)."""
+    document to that many documents (the same questions at every length), or, given several lengths,
+    to one of them drawn per question (seeded); ``docs_per_chunk`` sets the reader chunks (see
+    `make_question`)."""
     rng = random.Random(f"world-questions-{seed}-{prefix}")
+    # Its own stream, so the questions are the same whichever lengths pad them.
+    lengths = random.Random(f"world-lengths-{seed}-{prefix}")
     exclude = set(exclude or ())
     keys: set[tuple] = set()
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
         qtype = QUESTION_TYPES[len(rows) % len(QUESTION_TYPES)]
-        row, key = make_question(rng, world, qtype, n_docs, docs_per_chunk)
+        length = lengths.choice(n_docs) if isinstance(n_docs, Sequence) else n_docs
+        row, key = make_question(rng, world, qtype, length, docs_per_chunk)
         if key in exclude or key in keys:
             continue
         keys.add(key)
@@ -296,33 +301,51 @@ def world_rows(
 
 
 def world_splits(
-    n_train: int, n_heldout: int, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
+    n_train: int,
+    n_heldout: int,
+    seed: int = 0,
+    docs_per_chunk: int = DOCS_PER_CHUNK,
+    train_docs: Sequence[int] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """``{"train": rows, "heldout": rows}``; held-out chains never occur in training. The questions do
-    not depend on ``docs_per_chunk`` (documents per reader chunk, default 2)."""
+    not depend on ``docs_per_chunk`` (documents per reader chunk, default 2) or on ``train_docs``
+    (documents per training question, one of these lengths drawn per question; None: each question's
+    own 7). Held-out documents are never padded: a length sweep pads them itself."""
     world = make_world(seed)
     heldout, held_keys = world_rows(n_heldout, seed, world, prefix="heldout", docs_per_chunk=docs_per_chunk)
-    train, _ = world_rows(n_train, seed, world, exclude=held_keys, prefix="train", docs_per_chunk=docs_per_chunk)
+    train, _ = world_rows(
+        n_train, seed, world, exclude=held_keys, prefix="train", n_docs=train_docs, docs_per_chunk=docs_per_chunk
+    )
     return {"train": train, "heldout": heldout}
 
 
 def build_world_dataset(
-    out: str | Path, n_train: int = 4000, n_heldout: int = 200, seed: int = 0, docs_per_chunk: int = DOCS_PER_CHUNK
+    out: str | Path,
+    n_train: int = 4000,
+    n_heldout: int = 200,
+    seed: int = 0,
+    docs_per_chunk: int = DOCS_PER_CHUNK,
+    train_docs: Sequence[int] | None = None,
 ) -> dict[str, Path]:
-    """Write ``<out>/train`` and ``<out>/heldout`` (datasets ``save_to_disk`` folders); returns them."""
+    """Write ``<out>/train`` and ``<out>/heldout`` (datasets ``save_to_disk`` folders); returns them.
+    ``docs_per_chunk`` and ``train_docs`` as in `world_splits`."""
     import datasets
 
     if docs_per_chunk < 1:
         raise ValueError(f"docs_per_chunk must be >= 1, got {docs_per_chunk}")
+    if train_docs is not None and (not train_docs or any(not isinstance(n, int) or n < 1 for n in train_docs)):
+        raise ValueError(f"train_docs must be a non-empty list of document counts >= 1, got {train_docs!r}")
     out = Path(out)
     paths = {}
-    for split, rows in world_splits(n_train, n_heldout, seed, docs_per_chunk).items():
+    for split, rows in world_splits(n_train, n_heldout, seed, docs_per_chunk, train_docs).items():
         folder = out / split
         datasets.Dataset.from_list(rows).save_to_disk(str(folder))
         paths[split] = folder
     meta = {"n_train": n_train, "n_heldout": n_heldout, "seed": seed}
     if docs_per_chunk != DOCS_PER_CHUNK:  # the default's record stays as it was
         meta["docs_per_chunk"] = docs_per_chunk
+    if train_docs is not None:
+        meta["train_docs"] = list(train_docs)
     (out / "world.json").write_text(json.dumps(meta) + "\n")
     return paths
 

@@ -44,6 +44,10 @@ class CoordConfig(ParserEnvConfig):
         world_train_size / world_heldout_size: questions built for ``world`` / ``hmars_world`` data; default 4000 / 200.
         world_docs_per_chunk: whole documents per reader chunk of ``world`` data (default 2); 1 suits
             model-served readers, which cannot tell two facts of one relation in a passage apart.
+        world_train_docs: documents per ``world`` training question, one of these lengths drawn per
+            question (seeded), padded with unrelated documents, e.g. ``[8, 64, 256]``; None (default):
+            each question's own 7. The questions and the held-out split do not change. A policy
+            trained at one length meets chunk numbers and reader counts it never saw at another.
             Data built under ``<output_dir>/data`` is reused only when built with the same settings
             (recorded in ``coordrl_build.json``); otherwise it is rebuilt, with a note on stderr.
         max_train_minutes: stop training (and save) after this many minutes of steps; None: no limit.
@@ -99,6 +103,7 @@ class CoordConfig(ParserEnvConfig):
     world_train_size: int = 4000
     world_heldout_size: int = 200
     world_docs_per_chunk: int = 2
+    world_train_docs: list[int] | None = None
     max_train_minutes: float | None = None
     system_prompt: str | None = None
 
@@ -323,6 +328,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError("max_turns: must be >= 1")
     if coord.world_docs_per_chunk < 1:
         raise ConfigError(f"world_docs_per_chunk: must be >= 1, got {coord.world_docs_per_chunk}")
+    if coord.world_train_docs is not None and (
+        not coord.world_train_docs
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in coord.world_train_docs)
+    ):
+        raise ConfigError(
+            f"world_train_docs: must be a non-empty list of document counts >= 1, got {coord.world_train_docs!r}"
+        )
     _check_readers(coord)
     strategy = (
         str(grpo_kwargs.get("eval_strategy", "no")).split(".")[-1].lower()

@@ -126,6 +126,8 @@ def _dataset(
             "world_heldout_size": coord.world_heldout_size,
             "world_docs_per_chunk": coord.world_docs_per_chunk,
         }
+        if coord.world_train_docs is not None:  # earlier stamps, which lack the key, stay valid
+            settings["world_train_docs"] = coord.world_train_docs
         _cached_build(
             root,
             "world.json",
@@ -136,6 +138,7 @@ def _dataset(
                 n_heldout=coord.world_heldout_size,
                 seed=coord.seed_data,
                 docs_per_chunk=coord.world_docs_per_chunk,
+                train_docs=coord.world_train_docs,
             ),
         )
         spec = str(root / ("train" if split == "train" else "heldout"))
