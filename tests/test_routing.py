@@ -223,6 +223,27 @@ def test_episode_info_reports_reader_tokens_and_normalised_cost(samples, tok):
     assert full["lead_tokens"] == routed["lead_tokens"] or full["observation_tokens"] != routed["observation_tokens"]
 
 
+@pytest.mark.parametrize("cache_entries", [256, 0])
+def test_precomputed_chunks_count_reader_tokens_as_the_plain_count(tok, cache_entries):
+    # Rows with ready-made chunks (the synthetic world's) carry no token spans: their chunk counts are
+    # batched and shared between a factory's episodes, and must equal counting each request's prompt.
+    from coordrl.envs.parser import ChunkCache
+
+    chunks = ['He said "no" \\ then left.', "Ünïcödé text\twith\ncontrol", "A third chunk, longer than the others are."]
+    row = {"id": "c", "question": "Who left?", "answers": ["he"], "chunks": chunks}
+    queries = ["Who said no?", "Who left the room?"]
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    overhead = count(READER_INSTRUCTIONS) + count("Passage:\n\n\nQuestion: ")
+    want = sum(overhead + count(q) + count(c) for q in queries for c in chunks)
+    factory, _ = make(tok)
+    factory.chunk_cache = ChunkCache(cache_entries)
+    for _ in range(2):  # the second episode finds the counts cached (when caching is on)
+        env = factory()
+        env.reset(**row)
+        ask(env, queries)
+        assert env.info["reader_prompt_tokens"] == want
+
+
 def test_index_is_built_once_per_document(samples, tok):
     factory, _ = make(tok, **ROUTED)
     for row in (samples[0], samples[0], samples[1], samples[0]):
