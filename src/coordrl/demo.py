@@ -1,4 +1,4 @@
-"""The README's main job on embedded defaults: offline, CPU, about ten minutes.
+"""The README's main job on embedded defaults: offline, CPU, about eight minutes.
 
 Part 1, learning: start from the kept warm start (a tiny Qwen3 taught the tool protocol on
 the synthetic multi-hop world, `coordrl.data.world`), evaluate it on held-out questions, train it
@@ -42,9 +42,9 @@ def _rule(step: int, title: str) -> None:
     print(f"\n=== {head} " + "=" * max(0, 70 - len(head)))
 
 
-def run_demo(out: Path, workers: int = 1, world_steps: int = 160, world_eval: int = 60) -> int:
+def run_demo(out: Path, workers: int = 1, world_steps: int = 120, world_eval: int = 60) -> int:
     """Run both parts; ``world_steps`` GRPO optimizer steps on the world (fixed work, so the result does not
-    depend on the machine's speed; about 4 minutes on an idle 2-core machine), ``world_eval`` held-out
+    depend on the machine's speed; 5.3 minutes on 2 idle AVX512-BF16 cores), ``world_eval`` held-out
     questions evaluated."""
     t0 = time.perf_counter()
     out = Path(out)
@@ -188,7 +188,7 @@ def length_sweep(out: Path, policies: dict[str, str], n: int) -> dict[str, dict[
     ax.set_ylabel("held-out exact match, greedy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center right")  # the curves sit near 0% and 100%: keep the legend off them
     fig.tight_layout()
     fig.savefig(out / "accuracy_vs_length.png", dpi=120)
     plt.close(fig)
