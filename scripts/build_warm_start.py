@@ -17,7 +17,8 @@ Skills that plain SFT does not pick up in minutes get drills, mixed into every s
   0.65 on neighbouring decades against 0.93-0.98 at gaps of 3 or more, and GRPO barely moved it (0.65-0.70);
   with the late stress the overall P(correct) went 0.87 -> 0.90 (gap 2: 0.79 -> 0.84; neighbours stayed at
   0.65) and its bias towards the first-named person disappeared (first 0.93 / second 0.81 -> 0.90 / 0.90);
-  stressed from step 0, the comparison never emerged (0.50).
+  stressed from step 0, the comparison never emerged (0.50). ``--episode-frac`` lays that share of the
+  comparison drills out as in an episode (`episode_layout`), from step ``--adjacent-from`` on.
 Entity names in demonstrations weigh ``--name-weight`` in the loss (default 4): they are a few tokens
 among dozens of fixed JSON ones. Measured effect (2 cores): without recall drills the first query
 never copied the film name (0% of held-out bridge questions); without comparison drills the
@@ -53,6 +54,21 @@ def log(msg: str) -> None:
 # wrong branch (near 0% greedy, 25-45% sampled held-out exact match), high enough that it has seen
 # every step of the task.
 DEFAULT_P_GOOD = {"bridge": 0.35, "comparison": 0.35}
+
+
+def episode_layout(p1: str, p2: str, facts: list[str], rng: random.Random) -> str:
+    """A comparison drill laid out as in an episode: the question first, the two findings (``facts[i]``
+    belongs to ``p{i+1}``) as the environment renders them, in random order and from random chunks,
+    then the answer tag. Drilled only with the facts before the question, the kept warm start puts
+    P = 0.95 on the earlier-born name for neighbouring decades in that layout, but 0.69 with the
+    question first, as in every episode."""
+    found = [(p1, facts[0]), (p2, facts[1])]
+    if rng.random() < 0.5:
+        found.reverse()
+    lines = [f"Question: Who was born earlier, {p1} or {p2}?", "2 finding(s) from 4 readers for 2 query(ies)."]
+    for k, (who, fact) in enumerate(found, start=1):
+        lines += [f'Query {k}: "In which decade was {who} born?"', f"- chunk {rng.randrange(4)}: {who}: {fact}"]
+    return "\n".join(lines) + "\n<answer>"
 
 
 def copy_accuracy(model, tok, rows: list[dict], codec, factory, name_set: set[int]) -> dict[str, float]:
@@ -98,6 +114,7 @@ def _build(
     compare_frac: float = 0.5,
     adjacent_frac: float = 0.5,
     adjacent_from: int = 250,
+    episode_frac: float = 0.0,
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -159,7 +176,7 @@ def _build(
 
     world = make_world(0)
 
-    def compare_drill() -> tuple[list[int], list[int]]:
+    def compare_drill() -> tuple[list[int], list[int], bool]:
         # The comparison question's decision in isolation: two birth-decade facts, the question, the
         # earlier-born name (loss on that name only).
         p1, p2 = rng.sample(world.people, 2)
@@ -171,20 +188,27 @@ def _build(
         else:
             y1, y2 = rng.sample(DECADES, 2)
         facts = [decade_sentence(p1, y1), decade_sentence(p2, y2)]
-        rng.shuffle(facts)
-        text = f"{facts[0]} {facts[1]} Who was born earlier, {p1} or {p2}?"
+        # No draw when off, so a build with episode_frac 0 is the earlier recipe's, byte for byte.
+        episode = episode_frac > 0 and step >= adjacent_from and rng.random() < episode_frac
+        if episode:
+            text = episode_layout(p1, p2, facts, rng)
+        else:
+            rng.shuffle(facts)
+            text = f"{facts[0]} {facts[1]} Who was born earlier, {p1} or {p2}?"
         ids = tok(text, add_special_tokens=False)["input_ids"]
         answer = tok(f" {p1 if y1 < y2 else p2}", add_special_tokens=False)["input_ids"]
-        return ids + answer, [0] * len(ids) + [1] * len(answer)
+        return ids + answer, [0] * len(ids) + [1] * len(answer), episode
 
-    def drill_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        seqs, masks = [], []
+    def drill_batch(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Episode-layout comparisons (about 60 tokens) form their own padded group, so they do not widen
+        # the batch of short drills (at most 41 tokens): padded into one batch they made each step 1.5x slower.
+        seqs, masks, long_seqs, long_masks = [], [], [], []
         for _ in range(n):
             k = rng.randint(3, max_drill)
             if rng.random() < compare_frac:
-                seq, mask = compare_drill()
-                seqs.append(seq)
-                masks.append(mask)
+                seq, mask, episode = compare_drill()
+                (long_seqs if episode else seqs).append(seq)
+                (long_masks if episode else masks).append(mask)
                 continue
             if rng.random() < recall_frac:
                 # Associative recall: "k1 v1 k2 v2 ... . kj vj ..." (keys distinct, asked in shuffled order).
@@ -202,6 +226,9 @@ def _build(
             picked = [rng.choice(names) for _ in range(k)]
             seqs.append(picked + dot + picked)
             masks.append([0] * (k + len(dot)) + [1] * k)
+        return [padded(ss, ms) for ss, ms in ((seqs, masks), (long_seqs, long_masks)) if ss]
+
+    def padded(seqs: list[list[int]], masks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         w = max(map(len, seqs))
         return (
             torch.tensor([s + [pad] * (w - len(s)) for s in seqs]),
@@ -243,17 +270,26 @@ def _build(
         logits = model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, :-1]
         return masked_nll(logits, ids, mask)
 
-    def loss_of(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = model(input_ids=ids).logits[:, :-1]  # right padding: causal attention never sees it
-        return masked_nll(logits, ids, mask)
+    def drill_loss(groups: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        # One mean over all groups' loss positions, as if they were one batch.
+        total, count = None, None
+        for ids, mask in groups:
+            logits = model(input_ids=ids).logits[:, :-1]  # right padding: causal attention never sees it
+            s, c = nll_sum(logits, ids, mask)
+            total, count = (s, c) if total is None else (total + s, count + c)
+        return total / count.clamp(min=1)
 
     def masked_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s, c = nll_sum(logits, ids, mask)
+        return s / c.clamp(min=1)
+
+    def nll_sum(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         target, m = ids[:, 1:], mask[:, 1:].float()
         # Normalised by the number of loss positions (not their weights), so name_weight adds signal.
         nll = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
         ).view_as(m)
-        return (nll * m).sum() / (m > 0).sum().clamp(min=1)
+        return (nll * m).sum(), (m > 0).sum()
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     deadline = t0 + minutes * 60 if minutes is not None else float("inf")
@@ -273,8 +309,7 @@ def _build(
         ids, mask = demo_batch(batch)
         loss = demo_loss(ids, mask)
         if drills:
-            dids, dmask = drill_batch(drills)
-            dloss = loss_of(dids, dmask)
+            dloss = drill_loss(drill_batch(drills))
         else:
             dloss = torch.tensor(0.0)
         total = loss + drill_weight * dloss
@@ -321,6 +356,7 @@ def _build(
         "compare_frac": compare_frac,
         "adjacent_frac": adjacent_frac,
         "adjacent_from": adjacent_from,
+        "episode_frac": episode_frac,
         "init": str(init) if init else None,
         "init_meta": json.loads((Path(init) / "coordrl_warm_start.json").read_text())
         if init and (Path(init) / "coordrl_warm_start.json").exists()
@@ -406,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fraction of comparison drills between neighbouring decades, from step --adjacent-from on",
     )
     p.add_argument("--adjacent-from", type=int, default=250, help="SFT step from which --adjacent-frac applies")
+    p.add_argument(
+        "--episode-frac",
+        type=float,
+        default=0.0,
+        help="fraction of comparison drills laid out as in an episode (question, findings, answer tag), from step --adjacent-from on (default 0: the kept warm start's recipe)",
+    )
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
     build(
@@ -427,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         compare_frac=a.compare_frac,
         adjacent_frac=a.adjacent_frac,
         adjacent_from=a.adjacent_from,
+        episode_frac=a.episode_frac,
     )
     return 0
 

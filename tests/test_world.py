@@ -214,6 +214,8 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
         "n_train",
     ):
         assert meta[key] == built_with[key], key
+    # Builds before the episode-layout drills existed had none.
+    assert meta.get("episode_frac", 0.0) == built_with["episode_frac"]
 
 
 def _warm_start_builder():
@@ -223,7 +225,9 @@ def _warm_start_builder():
 def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
     # Fixed work on fixed threads: the same seed gives byte-identical weights, whatever the machine's speed.
     build = _warm_start_builder().build
+    # From step 2 on, comparison drills also come in the episode layout, in their own padded group.
     small = {"steps": 3, "n_train": 12, "n_eval": 4, "batch": 4, "drills": 8, "threads": 2}
+    small |= {"compare_frac": 1.0, "adjacent_from": 2, "episode_frac": 0.5}
     import torch
 
     before = torch.are_deterministic_algorithms_enabled()
@@ -235,6 +239,36 @@ def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
         # The build's deterministic kernels do not leak into what runs next in the process.
         assert torch.are_deterministic_algorithms_enabled() == before
     assert weights[0] == weights[1] and weights[0] != weights[2]
+
+
+def test_episode_layout_drill_reads_as_the_environment_renders_findings(tok):
+    # The drill teaches the comparison in the layout the policy meets: the question, then the findings
+    # exactly as the environment renders them (chunk numbers aside), then the answer tag.
+    import random
+    import re
+
+    from coordrl.data.world import decade_sentence
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.rollout.world import demo_ids, make_env_factory
+
+    layout = _warm_start_builder().episode_layout
+    row = next(r for r in world_splits(0, 8, seed=0)["heldout"] if r["type"] == "comparison")
+    chain = json.loads(row["chain"])
+    (p1, p2), (y1, y2) = chain["people"], chain["decades"]
+    ids, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok))
+    rendered = re.sub(r"chunk \d+", "chunk N", tok.decode(ids))
+    for seed in range(4):  # both orders of the findings
+        text = layout(p1, p2, [decade_sentence(p1, y1), decade_sentence(p2, y2)], random.Random(seed))
+        lines = re.sub(r"chunk \d+", "chunk N", text).split("\n")
+        assert lines[0] in rendered and lines[1] in rendered and lines[-1] == "<answer>"
+        block = "\n".join(lines[1:-1])
+        names_in_order = re.findall(r'was (\w+) born\?"', block)
+        if names_in_order == [p1, p2]:
+            assert block in rendered
+        else:
+            assert names_in_order == [p2, p1]
+            for line in lines[2:-1]:
+                assert line.split(": ", 1)[1] in rendered
 
 
 def test_length_sweep_pads_the_same_questions_with_unrelated_documents():
