@@ -293,3 +293,15 @@ def test_hmars_recipe_plans_on_8x80gb():
     assert format_plan(plan).splitlines()[-1].startswith("fits: yes (")
     assert plan.layout.training_gpu_ids == [2, 3, 4, 5, 6, 7] and plan.budget.max_turns == 1
     assert not plan.errors
+
+
+def test_kept_warm_starts_are_sized_from_their_shipped_folders():
+    # `coordrl train --dry-run` on the world configs: the kept warm starts are no hub ids to look up.
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, resolve_model
+
+    for name in (WORLD_MODEL, HMARS_WORLD_MODEL):
+        shape = model_shape(name)
+        assert shape.source == str(Path(resolve_model(name)) / "config.json")
+        assert 1e6 < shape.params < 5e6 and shape.head_dim == 64
+    plan = plan_of(ROOT / "configs" / "world_cpu.yaml")
+    assert plan.layout.device == "cpu" and plan.model.params == model_shape(WORLD_MODEL).params

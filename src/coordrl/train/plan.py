@@ -43,7 +43,7 @@ from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
 from coordrl.envs.protocols import get_protocol
 from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.retry import RetryPolicy
-from coordrl.rollout.models import cache_dir
+from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, cache_dir, resolve_model
 from coordrl.train.config import ConfigError, TrainConfig
 
 __all__ = [
@@ -206,8 +206,8 @@ def _hub_cached_config(model_id: str) -> Path | None:
 
 
 def model_shape(model: str, model_params: float | None = None) -> ModelShape:
-    """The policy's shape: a local folder's config.json (and safetensors headers), the local hub cache,
-    else the Qwen3 size class of ``model_params``. Raises `PlanError` when none is available."""
+    """The policy's shape: a local folder's config.json (and safetensors headers; the kept warm starts'
+    folders included), the local hub cache, else the Qwen3 size class of ``model_params``. Raises `PlanError` when none is available."""
     if model == TINY_MODEL:
         folder = cache_dir() / "models" / "tiny-qwen3-seed0"
         if (folder / "config.json").exists():
@@ -217,6 +217,8 @@ def model_shape(model: str, model_params: float | None = None) -> ModelShape:
                    "head_dim": 64, "intermediate_size": 512, "vocab_size": 8192, "tie_word_embeddings": True,
                    "max_position_embeddings": 32768}  # fmt: skip
             return _shape_from_config(cfg, Path("/nonexistent"), f"{TINY_MODEL} (build_tiny_qwen3 defaults)")
+    if model in (WORLD_MODEL, HMARS_WORLD_MODEL):  # the kept warm starts ship with the package
+        model = resolve_model(model)
     folder = Path(model).expanduser()
     if (folder / "config.json").is_file():
         cfg = json.loads((folder / "config.json").read_text())
