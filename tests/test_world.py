@@ -291,3 +291,19 @@ def test_length_sweep_pads_the_same_questions_with_unrelated_documents():
             short_docs = {d.split("\n", 1)[1] for d in short["context"].split("\n\nDocument ")}
             assert short_docs <= {d.split("\n", 1)[1] for d in docs}
             assert all(short["context"].count(docs[g - 1].split("\n", 1)[1]) == 1 for g in row["gold_documents"])
+
+
+def test_learning_check_target_counts_a_collapse_after_step_50():
+    check = load_script("benchmarks/learning_check.py")
+    # One point every other optimizer step (num_iterations: 2), as the check logs them.
+    steady = [{"step": s, "reward": 0.8} for s in range(2, 151, 2)]
+    assert check.lowest_window_mean(steady) == pytest.approx(0.8)
+    # A dip to 0.2 for 10 steps from step 60 on: the windows ending at 68 and 70 average 0.2 (and
+    # the ones before step 50 do not count, so an early low start is allowed).
+    dip = [{"step": p["step"], "reward": 0.2 if 60 < p["step"] <= 70 or p["step"] < 20 else 0.8} for p in steady]
+    assert check.lowest_window_mean(dip) == pytest.approx(0.2)
+    early = [{"step": p["step"], "reward": 0.1 if p["step"] <= 40 else 0.8} for p in steady]
+    assert check.lowest_window_mean(early) == pytest.approx(0.8)
+    assert check.lowest_window_mean(steady[:20]) is None  # never reached step 50
+    parser = check.SETUPS["parser"]
+    assert (parser.target_sampled, parser.target_greedy, parser.reward_floor) == (0.92, 0.96, 0.5)
