@@ -658,11 +658,11 @@ def check(
         print(
             f"gain: {g['mean']:+.1f} points (sampled held-out EM, mean over {len(gains)} seeds; per seed {', '.join(f'{x:+.1f}' for x in gains)}; +/- {g['half_range']:.1f} half-range, stdev {g['stdev']:.1f})"
         )
-        recall = f", greedy recall >= {setup.target_recall}" if setup.target_recall is not None else ""
+        extra = f", greedy recall >= {setup.target_recall}" if setup.target_recall is not None else ""
         if setup.reward_floor is not None:
-            recall += f", {FLOOR_WINDOW}-step reward mean >= {setup.reward_floor} after step {FLOOR_AFTER}"
+            extra += f", {FLOOR_WINDOW}-step reward mean >= {setup.reward_floor} after step {FLOOR_AFTER}"
         print(
-            f"target (sampled >= {100 * setup.target_sampled:.0f}%, greedy >= {100 * setup.target_greedy:.0f}%{recall} on both types, every seed): {'MET' if results['target_met'] else 'NOT MET'}"
+            f"target (sampled >= {100 * setup.target_sampled:.0f}%, greedy >= {100 * setup.target_greedy:.0f}%{extra} on both types, every seed): {'MET' if results['target_met'] else 'NOT MET'}"
         )
     print("wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in walls.items()))
     grpo_times = [r["grpo_s"] for r in results["seeds"].values()]

@@ -298,8 +298,8 @@ def test_learning_check_target_counts_a_collapse_after_step_50():
     # One point every other optimizer step (num_iterations: 2), as the check logs them.
     steady = [{"step": s, "reward": 0.8} for s in range(2, 151, 2)]
     assert check.lowest_window_mean(steady) == pytest.approx(0.8)
-    # A dip to 0.2 for 10 steps from step 60 on: the windows ending at 68 and 70 average 0.2 (and
-    # the ones before step 50 do not count, so an early low start is allowed).
+    # A dip to 0.2 over steps 61-70: the window ending at step 70 averages 0.2 (and windows ending
+    # before step 50 do not count, so an early low start is allowed).
     dip = [{"step": p["step"], "reward": 0.2 if 60 < p["step"] <= 70 or p["step"] < 20 else 0.8} for p in steady]
     assert check.lowest_window_mean(dip) == pytest.approx(0.2)
     early = [{"step": p["step"], "reward": 0.1 if p["step"] <= 40 else 0.8} for p in steady]
