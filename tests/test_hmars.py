@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 from transformers.utils import get_json_schema
@@ -498,3 +499,30 @@ def test_lexical_entities_stop_at_a_line_break_so_titles_do_not_run_into_their_p
     entities = [e for card in idx.cards for e in card.entities]
     assert "Mefi" in entities and "Arthur's Magazine" in entities
     assert not any(e.startswith("Mefi Mefi") or "Magazine Arthur" in e for e in entities), entities
+
+
+def test_broadcast_result_bound_covers_the_longest_result_and_sizes_the_plan(samples, tok):
+    from coordrl.envs.hmars_episode import observation_token_bound
+    from coordrl.envs.hmars_roles import Answer, Selection
+    from coordrl.train.config import load_config
+    from coordrl.train.plan import make_plan
+
+    cfg = HmarsEnvConfig(**SMALL)
+    env = _factory(tok)()
+    env.reset(**samples[0])
+    ep = env.episode
+    # Every sub-agent of the region selects the index's highest-numbered pages; the answer fills its cap.
+    last = list(range(len(ep.index.pages)))[-cfg.pages_per_subagent :]
+    selections = [Selection(s, pages=last) for s in ep.region_subagents]
+    answer = Answer(" ".join(["Paris"] * cfg.answerer_max_tokens))
+    text = ep.observe(selections, [ep.index.pages[p] for p in last], answer)
+    bound = observation_token_bound(cfg)
+    assert len(tok(text)["input_ids"]) <= bound
+    # A larger group or more pages per sub-agent raise it; the plan budgets the round with it, not
+    # PARSER's observation cap.
+    wider = dataclasses.replace(cfg, group_size=cfg.group_size * 2, pages_per_subagent=cfg.pages_per_subagent + 1)
+    assert observation_token_bound(wider) > bound
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "hmars_world_cpu.yaml", {})
+    budget = make_plan(config).budget
+    assert budget.observation_tokens == observation_token_bound(config.env_config())
+    assert budget.observation_tokens != config.coord.observation_max_tokens

@@ -20,7 +20,7 @@ from coordrl.readers.loop import shared_loop
 from coordrl.readers.prompt import sanitize_reader_text
 from coordrl.rewards.metrics import exact_match, f1_score
 
-__all__ = ["EpisodeStats", "MidAgentEpisode"]
+__all__ = ["EpisodeStats", "MidAgentEpisode", "observation_token_bound"]
 
 
 @dataclass
@@ -363,9 +363,7 @@ class MidAgentEpisode:
 
     def observe(self, selections: Sequence[Selection], pages: Sequence[Page], answer: Answer | None) -> str:
         assert self._index is not None
-        lines = [
-            f"{len(selections)} of {len(self.region_subagents)} sub-agents selected pages (mode {self._config.mode})."
-        ]
+        lines = [_header_line(len(selections), len(self.region_subagents), self._config.mode)]
         for sel in selections:
             if not sel.ok:
                 lines.append(
@@ -374,9 +372,9 @@ class MidAgentEpisode:
             elif not sel.pages:
                 lines.append(f"- s{sel.subagent}: no page selected")
             else:
-                picked = ", ".join(f"page {p} (Documents {_span(self._index.pages[p].documents)})" for p in sel.pages)
-                lines.append(f"- s{sel.subagent}: {picked}")
-        lines.append(f"Evidence: {len(pages)} page(s), {sum(p.num_tokens for p in pages)} tokens.")
+                refs = [(p, _span(self._index.pages[p].documents)) for p in sel.pages]
+                lines.append(_pages_line(sel.subagent, refs))
+        lines.append(_evidence_line(len(pages), sum(p.num_tokens for p in pages)))
         if answer is None:  # region-only broadcast (inference over K regions): one answer comes later
             lines.append("The evidence goes to the answer model together with the other regions' evidence.")
         elif answer.ok:
@@ -409,6 +407,39 @@ class MidAgentEpisode:
             "recall_term": recall_term,
             "budget_term": budget,
         }
+
+
+def _header_line(selected: int, subagents: int, mode: str) -> str:
+    return f"{selected} of {subagents} sub-agents selected pages (mode {mode})."
+
+
+def _pages_line(subagent: int, refs: Sequence[tuple[int, str]]) -> str:
+    return f"- s{subagent}: " + ", ".join(f"page {page} (Documents {span})" for page, span in refs)
+
+
+def _evidence_line(pages: int, tokens: int) -> str:
+    return f"Evidence: {pages} page(s), {tokens} tokens."
+
+
+# The widest number the bound renders: sub-agent, page and Document numbers below 10,000.
+_WIDEST = 9_999
+
+
+def observation_token_bound(config: HmarsEnvConfig) -> int:
+    """Upper bound, in policy tokens, of one broadcast result (`MidAgentEpisode.observe`) when the
+    selectors answer: all ``group_size`` sub-agents select ``pages_per_subagent`` pages each (numbers
+    of up to four digits), then the answer line with ``answerer_max_tokens`` tokens of answer.
+
+    The fixed text counts one token per UTF-8 byte, a true bound for byte-level BPE tokenizers (every
+    token covers at least one byte); the answer one policy token per answerer token. A failed
+    selector's line can be longer (its error, up to 160 characters), so an episode whose roles fail
+    may be cut off; it has failed already.
+    """
+    g, k = config.group_size, config.pages_per_subagent
+    refs = [(_WIDEST, f"{_WIDEST}-{_WIDEST}")] * k
+    lines = [_header_line(g, g, config.mode), *[_pages_line(_WIDEST, refs)] * g]
+    lines += [_evidence_line(g * k, _WIDEST * 100), "Answer: "]
+    return len("\n".join(lines).encode()) + config.answerer_max_tokens
 
 
 def _span(docs: Sequence[int]) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordrl.envs.hmars import ROLE_ERROR_KEYS, HmarsEnvConfig, HmarsEnvFactory, MidAgentEnv
+from coordrl.envs.hmars_episode import observation_token_bound
 from coordrl.envs.hmars_prompts import MID_AGENT_SYSTEM_PROMPT, hmars_prompt
 from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory, lead_env_class
 from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT, lead_prompt
@@ -71,6 +72,9 @@ class Protocol:
         compare_metrics: metrics ``coordrl eval --compare`` adds to its process table.
         settings_block: True when the protocol's settings are a block named after it in the train
             config (``hmars:``) and ``--hmars key=value`` flags; False when they are top-level fields.
+        observation_bound: ``config -> tokens``, the longest tool result the
+            environment returns under ``config`` (the training plan budgets every tool round with it).
+        observation_rule: where that bound comes from, in the plan's words.
     """
 
     name: str
@@ -104,6 +108,8 @@ class Protocol:
     policy_extras: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda env: {}
     report_setup: Callable[[Mapping[str, Any], Mapping[str, Any], str], tuple[str, str]] | None = None
     compare_metrics: tuple[str, ...] = ()
+    observation_bound: Callable[[Any], int] = lambda config: config.observation_max_tokens
+    observation_rule: str = "observation_max_tokens"
 
     @property
     def uses_readers(self) -> bool:
@@ -426,6 +432,8 @@ register_protocol(
         # reset() returns the regional memory, which is appended to the user message.
         user_message_format="Question: {question}\n\n{regional memory}",
         limit_fields=("backend_timeout_s", "backend_retries"),
+        observation_bound=observation_token_bound,
+        observation_rule="group_size x pages_per_subagent page lines + answerer_max_tokens",
         env_owns_reward=True,
         answers_by_region=True,
         eval_turns_from_training=True,

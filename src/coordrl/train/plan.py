@@ -301,8 +301,10 @@ class Batch:
 class Budget:
     """Tokens of one rollout.
 
-    ``needed = (max_turns + 1) * per_turn + max_turns * (observation_max_tokens + TOOL_WRAP_TOKENS)``:
-    ``max_turns`` tool rounds each cost one assistant turn and one tool result, and the answer needs one
+    ``needed = (max_turns + 1) * per_turn + max_turns * (observation_tokens + TOOL_WRAP_TOKENS)``:
+    ``max_turns`` tool rounds each cost one assistant turn and one tool result (at most
+    ``observation_tokens``, the protocol's bound: PARSER's ``observation_max_tokens``, HMARS's broadcast
+    result from its group size, pages per sub-agent and answer cap), and the answer needs one
     more assistant turn after the last result (TRL regenerates after every tool round). The training
     sequence is ``seq_len = prompt_tokens + max_completion_length`` (TRL pads to the longest in a micro-batch).
     """
@@ -318,6 +320,7 @@ class Budget:
     seq_len: int
     full_rounds: int  # how many full rounds (with the answer turn) fit in max_completion_length
     max_model_len: int | None
+    observation_rule: str = "observation_max_tokens"
 
 
 @dataclass
@@ -611,7 +614,8 @@ def _budget(cfg: TrainConfig, layout: Layout, shape: ModelShape, errors: list[st
     per_turn_key = right if right in gen_kwargs else None
     per_turn = int(gen_kwargs[right]) if per_turn_key else mcl  # TRL's own cap per turn is the whole budget
     prompt = prompt_tokens_estimate(c.protocol, c.system_prompt)
-    obs = c.observation_max_tokens
+    protocol = get_protocol(c.protocol)
+    obs = protocol.observation_bound(cfg.env_config())
     needed = (c.max_turns + 1) * per_turn + c.max_turns * (obs + TOOL_WRAP_TOKENS)
     round_cost = per_turn + obs + TOOL_WRAP_TOKENS
     full_rounds = max(min((mcl - per_turn) // round_cost, c.max_turns), 0) if mcl >= per_turn else 0
@@ -635,7 +639,7 @@ def _budget(cfg: TrainConfig, layout: Layout, shape: ModelShape, errors: list[st
                "the tool loop drops tool results at that length")  # fmt: skip
         (errors if vllm_len or shape.source.endswith("config.json") else warnings).append(msg)
     return Budget(prompt, per_turn, per_turn_key, c.max_turns, obs, TOOL_WRAP_TOKENS, needed, mcl, seq_len,
-                  full_rounds, max_model_len)  # fmt: skip
+                  full_rounds, max_model_len, protocol.observation_rule)  # fmt: skip
 
 
 def estimate_memory(cfg: TrainConfig, shape: ModelShape, layout: Layout, batch: Batch, budget: Budget,
@@ -883,7 +887,7 @@ def format_plan(plan: Plan) -> str:
         "[token budget]  (per rollout; max_completion_length covers every turn and tool result)",
         f"  prompt (estimate)     ~{bud.prompt_tokens} tokens (system prompt, tool schema, question)",
         f"  per assistant turn    {bud.per_turn_tokens}  ({cap})",
-        f"  per observation       {bud.observation_tokens} + {bud.tool_wrap_tokens} template  (observation_max_tokens)",
+        f"  per observation       {bud.observation_tokens} + {bud.tool_wrap_tokens} template  ({bud.observation_rule})",
         f"  needed for {bud.max_turns} rounds   ({bud.max_turns}+1) x {bud.per_turn_tokens} + {bud.max_turns} x "
         f"({bud.observation_tokens}+{bud.tool_wrap_tokens}) = {bud.needed}",
         f"  max_completion_length {bud.max_completion_length}  -> {bud.full_rounds} full round(s) fit"
