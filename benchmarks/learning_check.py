@@ -3,7 +3,8 @@
 1. Rebuild the world warm start (``scripts/build_warm_start.py``; ``--reuse-warm-start`` takes the kept
    one in ``src/coordrl/resources/warm_start``).
 2. For each seed: GRPO through `coordrl.train.run.train` with ``configs/world_cpu.yaml`` (the same code
-   path as ``coordrl train``), exactly ``--steps`` optimizer steps (default 200). The work is fixed
+   path as ``coordrl train``), exactly ``--steps`` optimizer steps (default: the config's ``max_steps``,
+   150 for PARSER, 60 for HMARS). The work is fixed
    and the wall time is measured and reported against the time targets, never used to stop the work,
    so the verdict of a seed does not depend on how fast the machine is (``--minutes`` adds an explicit
    wall-clock cap for those who want one).
@@ -49,7 +50,7 @@ a stable recipe). Time targets (idle 2-core machine, lexical readers): warm star
 <= 5 minutes per seed, the whole check <= 30 minutes. Targets are printed next to the results, never
 adjusted.
 
-    python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 200]
+    python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 150]
     python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0] [--eval-n 200]
 """
 
@@ -449,8 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--steps",
         type=int,
-        default=200,
-        help="GRPO optimizer steps per seed (default 200, what 5 minutes gave on an idle 2-core machine)",
+        default=None,
+        help="GRPO optimizer steps per seed (default: the config's max_steps, 150 for PARSER)",
     )
     p.add_argument(
         "--minutes",

@@ -53,7 +53,7 @@ def log(msg: str) -> None:
 # Share of solving demonstrations per question type: low enough that the warm start usually takes the
 # wrong branch (near 0% greedy, 25-45% sampled held-out exact match), high enough that it has seen
 # every step of the task.
-DEFAULT_P_GOOD = {"bridge": 0.35, "comparison": 0.35}
+DEFAULT_P_GOOD = {"bridge": 0.45, "comparison": 0.35}
 
 
 def episode_layout(p1: str, p2: str, facts: list[str], rng: random.Random) -> str:
@@ -114,7 +114,7 @@ def _build(
     compare_frac: float = 0.5,
     adjacent_frac: float = 0.5,
     adjacent_from: int = 250,
-    episode_frac: float = 0.0,
+    episode_frac: float = 0.5,
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -445,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--episode-frac",
         type=float,
-        default=0.0,
-        help="fraction of comparison drills laid out as in an episode (question, findings, answer tag), from step --adjacent-from on (default 0: the kept warm start's recipe)",
+        default=0.5,
+        help="fraction of comparison drills laid out as in an episode (question, findings, answer tag), from step --adjacent-from on (0: the earlier recipe, byte for byte)",
     )
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
