@@ -196,8 +196,9 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
     assert with_world_prompt(row)["prompt"][0]["content"] == WORLD_SYSTEM_PROMPT
     meta = json.loads((Path(kept) / "coordrl_warm_start.json").read_text())
     # The kept checkpoint is what scripts/build_warm_start.py builds with its defaults.
-    assert meta["steps"] == 400 and meta["p_good"] == {"bridge": 0.35, "comparison": 0.35}
-    built_with = defaults(_warm_start_builder().build)
+    builder = _warm_start_builder()
+    assert meta["steps"] == 400 and meta["p_good"] == builder.DEFAULT_P_GOOD == {"bridge": 0.45, "comparison": 0.35}
+    built_with = defaults(builder.build)
     for key in (
         "seed",
         "lr",
@@ -214,8 +215,7 @@ def test_kept_warm_start_matches_the_world_tokenizer_and_prompt(tok):
         "n_train",
     ):
         assert meta[key] == built_with[key], key
-    # Builds before the episode-layout drills existed had none.
-    assert meta.get("episode_frac", 0.0) == built_with["episode_frac"]
+    assert meta["episode_frac"] == built_with["episode_frac"] == 0.5
 
 
 def _warm_start_builder():
