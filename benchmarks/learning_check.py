@@ -16,8 +16,11 @@
 
 5. ``--set FIELD=VALUE ...`` overrides config fields; environment fields apply to the held-out
    evaluation too, e.g. ``--set activation=routed route_bm25_top_k=1 route_summary_top_k=1`` trains
-   and evaluates with routed readers. Each seed prints its reader calls per episode (training mean,
-   held-out before and after), so routed and broadcast runs compare on cost.
+   and evaluates with routed readers; a rebuilt warm start is then taught in that environment too (the
+   routed tool description differs from the broadcast one, and the kept warm start, taught with the
+   broadcast one, fails under it: reward 0 from step 1). Each seed prints its reader calls per episode
+   (training mean, held-out before and after) and per optimizer step, routed beside what broadcast
+   would have cost for the same queries, so routed and broadcast runs compare on cost.
 
 6. ``--readers vllm`` (default ``lexical``): the readers are the kept world reader model
    (``src/coordrl/resources/world_reader``, docs/world_reader.md) served by vLLM's CPU build, started
@@ -214,6 +217,16 @@ def grpo(
     step_times = [h["step_time"] for h in state.log_history if h.get("step_time") is not None]
     step_s = statistics.mean(step_times) * state.global_step if step_times else 0.0
     return out / "final", history, time.time() - t0, state.global_step, step_s
+
+
+def episodes_per_batch(setup: Setup, overrides: dict[str, str]) -> int:
+    """Episodes in one generation batch: TRL generates ``per_device_train_batch_size x
+    gradient_accumulation_steps`` completions per batch (one process), reused for ``num_iterations``
+    optimizer steps."""
+    from coordrl.train.config import load_config
+
+    g = load_config(setup.config, overrides).grpo
+    return int(g.get("per_device_train_batch_size", 8)) * int(g.get("gradient_accumulation_steps", 1))
 
 
 @dataclass
@@ -571,10 +584,13 @@ def check(
     walls: dict[str, float] = {"reader_server_start_s": served.startup_s} if served else {}
     t0 = time.time()
     warm = Path(a.warm_start) if a.warm_start else setup.kept
+    if a.reuse_warm_start and env and env.get("activation") == "routed":
+        print("warning: the kept warm start was taught with the broadcast tool description, not the routed one")
     if not (a.reuse_warm_start or a.warm_start):
         warm = out / "warm_start"
-        # The defaults the kept checkpoint was built with.
-        warm_start_builder(setup).build(warm, threads=a.threads)
+        # The defaults the kept checkpoint was built with, taught in the environment GRPO then runs in (a
+        # routed run's warm start sees the routed tool description).
+        warm_start_builder(setup).build(warm, threads=a.threads, **({"env": env} if env else {}))
         walls["warm_start_s"] = time.time() - t0
 
     rows = heldout_rows(setup, a.eval_n, warm, overrides)
@@ -602,8 +618,10 @@ def check(
         marks.append(mark())
         after = evaluate(final, rows, seed, env, setup, ablations=setup.protocol == "hmars")
         marks.append(mark())
-        # Reader calls per training episode, averaged over the generation batches (what routing saves).
+        # Reader calls per training episode, averaged over the generation batches (what routing saves), and
+        # what broadcast would have cost for the same queries: every query to every chunk's reader.
         calls = [h["env/reader_calls"] for h in hist if "env/reader_calls" in h]
+        broadcast = [h["env/queries"] * h["env/chunks"] for h in hist if "env/queries" in h and "env/chunks" in h]
         curves[seed] = hist
         curve = [{"step": h["step"], "reward": h["reward"]} for h in hist]
         results["seeds"][seed] = {
@@ -616,6 +634,8 @@ def check(
             "lowest_reward_mean": lowest_window_mean(curve),
             "seed_s": time.time() - t,
             "train_reader_calls_per_episode": statistics.mean(calls) if calls else None,
+            "train_broadcast_calls_per_episode": statistics.mean(broadcast) if broadcast else None,
+            "train_reader_calls_per_step": sum(calls) * episodes_per_batch(setup, overrides) / steps if calls else None,
         }
         if served:
             results["seeds"][seed]["readers"] = reader_figures(meter, steps, step_s, marks)
@@ -632,6 +652,15 @@ def check(
                 f"  reader calls per episode: training {statistics.mean(calls):.2f}; held-out greedy before "
                 f"{before['greedy']['all_reader_calls']:.2f}, after {after['greedy']['all_reader_calls']:.2f}"
             )
+            r = results["seeds"][seed]
+            if broadcast and env and env.get("activation") == "routed":
+                print(
+                    f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f} routed; broadcast of the "
+                    f"same queries {r['train_broadcast_calls_per_episode'] / r['train_reader_calls_per_episode'] * r['train_reader_calls_per_step']:.1f} "
+                    f"({r['train_broadcast_calls_per_episode']:.2f} per episode)"
+                )
+            else:
+                print(f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f}")
         if served:
             print(fmt_readers(results["seeds"][seed]["readers"]), flush=True)
     gains = [100 * (r["after"]["sampled"]["all"] - r["before"]["sampled"]["all"]) for r in results["seeds"].values()]

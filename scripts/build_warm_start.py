@@ -118,6 +118,7 @@ def _build(
     adjacent_frac: float = 0.5,
     adjacent_from: int = 250,
     episode_frac: float = 0.5,
+    env: dict | None = None,
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -150,7 +151,9 @@ def _build(
     # ``init``: continue from an earlier warm start (same tokenizer) instead of random weights.
     model = AutoModelForCausalLM.from_pretrained(str(init or tmp), use_safetensors=True, dtype=torch.float32)
     codec = ChatCodec(tok)
-    factory = make_env_factory(tok)
+    # ``env``: environment settings the demonstrations are played in (e.g. ``activation: routed``, whose
+    # tool description differs: a policy meets at GRPO time the prompt it was taught with).
+    factory = make_env_factory(tok, **(env or {}))
     splits = world_splits(n_train, n_eval, seed=0)
     rng = random.Random(seed)
     demos = []
@@ -335,8 +338,8 @@ def _build(
     sft_s = time.time() - t0
     copy = copy_accuracy(model, tok, splits["heldout"], codec, factory, name_set)
     log(f"held-out name copying (teacher-forced argmax on solving demonstrations): {json.dumps(copy)}")
-    ev_s = evaluate_world(model, tok, splits["heldout"], sample=True, seed=seed)
-    ev_g = evaluate_world(model, tok, splits["heldout"], sample=False, seed=seed)
+    ev_s = evaluate_world(model, tok, splits["heldout"], sample=True, seed=seed, env_overrides=env)
+    ev_g = evaluate_world(model, tok, splits["heldout"], sample=False, seed=seed, env_overrides=env)
     log(f"held-out EM ({n_eval} questions): sampled {json.dumps(ev_s)}; greedy {json.dumps(ev_g)}")
     model.save_pretrained(str(tmp), safe_serialization=True)
     save_tokenizer(tok, tmp)
@@ -370,6 +373,8 @@ def _build(
         "history": history,
         "torch_threads": torch.get_num_threads(),
     }
+    if env:  # only then, so a default build's record stays as it was
+        meta["env"] = env
     publish_warm_start(tmp, out, meta, t0, log)
     return meta
 
@@ -451,8 +456,17 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="fraction of comparison drills laid out as in an episode (question, findings, answer tag), from step --adjacent-from on (0: the earlier recipe, byte for byte)",
     )
+    p.add_argument(
+        "--env",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="environment settings the demonstrations are played in, as coordrl train's overrides "
+        "(e.g. activation=routed route_bm25_top_k=1 route_summary_top_k=1)",
+    )
     a = p.parse_args(argv)
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
+    env = env_settings(dict(kv.split("=", 1) for kv in a.env)) if a.env else None
     build(
         Path(a.out),
         seed=a.seed,
@@ -473,8 +487,25 @@ def main(argv: list[str] | None = None) -> int:
         adjacent_frac=a.adjacent_frac,
         adjacent_from=a.adjacent_from,
         episode_frac=a.episode_frac,
+        env=env,
     )
     return 0
+
+
+def env_settings(overrides: dict[str, str]) -> dict:
+    """``--env`` typed as training reads it (configs/world_cpu.yaml plus the overrides); a field that is
+    not an environment setting is an error naming it."""
+    from dataclasses import fields
+
+    from coordrl.envs.parser import ParserEnvConfig
+    from coordrl.train.config import load_config
+
+    names = {f.name for f in fields(ParserEnvConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise SystemExit(f"--env: not an environment setting: {', '.join(unknown)}")
+    coord = load_config(Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml", overrides).coord
+    return {k: getattr(coord, k) for k in overrides}
 
 
 if __name__ == "__main__":

@@ -241,6 +241,26 @@ def test_warm_start_build_is_a_function_of_its_seed(tmp_path):
     assert weights[0] == weights[1] and weights[0] != weights[2]
 
 
+def test_routed_warm_start_is_taught_in_the_routed_environment(tmp_path, tok):
+    # A routed policy's prompt carries the routed tool description: the warm start it starts from must
+    # have been taught with that prompt, not the broadcast one.
+    from coordrl.envs.chat import ChatCodec
+
+    builder = _warm_start_builder()
+    env = builder.env_settings({"activation": "routed", "route_bm25_top_k": "1", "route_summary_top_k": "1"})
+    assert env == {"activation": "routed", "route_bm25_top_k": 1, "route_summary_top_k": 1}
+    with pytest.raises(SystemExit, match="max_steps"):
+        builder.env_settings({"max_steps": "3"})
+    row = world_splits(0, 2, seed=0)["heldout"][0]
+    routed, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok, **env))
+    broadcast, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok))
+    assert "only to the readers of the chunks that best match" in tok.decode(routed)
+    assert "only to the readers" not in tok.decode(broadcast)
+    small = {"steps": 1, "n_train": 4, "n_eval": 2, "batch": 2, "drills": 2, "threads": 1}
+    meta = builder.build(tmp_path / "routed", env=env, **small)
+    assert meta["env"] == env and "env" not in builder.build(tmp_path / "plain", **small)
+
+
 def test_episode_layout_drill_reads_as_the_environment_renders_findings(tok):
     # The drill teaches the comparison in the layout the policy meets: the question, then the findings
     # exactly as the environment renders them (chunk numbers aside), then the answer tag.
