@@ -622,6 +622,7 @@ def check(
         # what broadcast would have cost for the same queries: every query to every chunk's reader.
         calls = [h["env/reader_calls"] for h in hist if "env/reader_calls" in h]
         broadcast = [h["env/queries"] * h["env/chunks"] for h in hist if "env/queries" in h and "env/chunks" in h]
+        per_batch = episodes_per_batch(setup, overrides)
         curves[seed] = hist
         curve = [{"step": h["step"], "reward": h["reward"]} for h in hist]
         results["seeds"][seed] = {
@@ -635,7 +636,8 @@ def check(
             "seed_s": time.time() - t,
             "train_reader_calls_per_episode": statistics.mean(calls) if calls else None,
             "train_broadcast_calls_per_episode": statistics.mean(broadcast) if broadcast else None,
-            "train_reader_calls_per_step": sum(calls) * episodes_per_batch(setup, overrides) / steps if calls else None,
+            "train_reader_calls_per_step": sum(calls) * per_batch / steps if calls else None,
+            "train_broadcast_calls_per_step": sum(broadcast) * per_batch / steps if broadcast else None,
         }
         if served:
             results["seeds"][seed]["readers"] = reader_figures(meter, steps, step_s, marks)
@@ -656,7 +658,7 @@ def check(
             if broadcast and env and env.get("activation") == "routed":
                 print(
                     f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f} routed; broadcast of the "
-                    f"same queries {r['train_broadcast_calls_per_episode'] / r['train_reader_calls_per_episode'] * r['train_reader_calls_per_step']:.1f} "
+                    f"same queries {r['train_broadcast_calls_per_step']:.1f} "
                     f"({r['train_broadcast_calls_per_episode']:.2f} per episode)"
                 )
             else:

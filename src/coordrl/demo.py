@@ -34,8 +34,6 @@ WORLD_LENGTH_QUESTIONS = 40  # held-out questions at each length
 # reader counts it never saw (greedy 100 / 75 / 5 / 0% at 8 / 64 / 256 / 1,024 documents). Trained up to
 # 256, 1,024 documents held on one CPU (92%) and not on another (62%): the longest length is trained too.
 TRAIN_DOCS = (8, 64, 256, 1024)
-# The demo's own changes to configs/world_cpu.yaml's recipe (config field -> value as on the command line).
-DEMO_RECIPE: dict[str, str] = {}
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -105,7 +103,6 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
         "max_steps": str(steps),
         "world_train_docs": f"[{train_docs}]",
         "disable_tqdm": "true",
-        **DEMO_RECIPE,
     }
     cfg = load_config(CONFIGS / "world_cpu.yaml", overrides)
     t = time.perf_counter()
