@@ -132,15 +132,14 @@ def warm_start_builder(setup: Setup = SETUPS["parser"]):
 
 
 def env_overrides(overrides: dict[str, str]) -> dict:
-    """The environment settings among the ``--set`` overrides, typed as training reads them, so the
-    held-out evaluation runs in the environment the policy trains in (e.g. ``activation=routed``)."""
+    """The environment settings among the ``--set`` overrides, typed as training reads them (the warm-start
+    builder's ``--env``), so the held-out evaluation runs in the environment the policy trains in."""
     from dataclasses import fields
 
     from coordrl.envs.parser import ParserEnvConfig
-    from coordrl.train.config import load_config
 
-    coord = load_config(CONFIG, overrides).coord
-    return {f.name: getattr(coord, f.name) for f in fields(ParserEnvConfig) if f.name in overrides}
+    names = {f.name for f in fields(ParserEnvConfig)}
+    return warm_start_builder().env_settings({k: v for k, v in overrides.items() if k in names})
 
 
 def evaluate(

@@ -251,6 +251,12 @@ def test_routed_warm_start_is_taught_in_the_routed_environment(tmp_path, tok):
     assert env == {"activation": "routed", "route_bm25_top_k": 1, "route_summary_top_k": 1}
     with pytest.raises(SystemExit, match="max_steps"):
         builder.env_settings({"max_steps": "3"})
+    # The learning check evaluates in the same typed environment, its training-only overrides left out.
+    check = load_script("benchmarks/learning_check.py")
+    assert check.env_overrides({"activation": "routed", "route_bm25_top_k": "2", "max_steps": "5"}) == {
+        "activation": "routed",
+        "route_bm25_top_k": 2,
+    }
     row = world_splits(0, 2, seed=0)["heldout"][0]
     routed, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok, **env))
     broadcast, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok))
