@@ -321,6 +321,11 @@ def test_length_sweep_pads_the_same_questions_with_unrelated_documents():
 
 def test_learning_check_target_counts_a_collapse_after_step_50():
     check = load_script("benchmarks/learning_check.py")
+    # Served readers are checked against their own bar; the lexical check's stays as it was.
+    assert (check.setup_for("parser").target_sampled, check.setup_for("parser").grpo_s_target) == (0.92, 300)
+    served = check.setup_for("parser", "vllm")
+    assert (served.target_sampled, served.target_greedy, served.grpo_s_target) == (0.90, 0.95, 600)
+    assert served.reward_floor == check.REWARD_FLOOR
     # One point every other optimizer step (num_iterations: 2), as the check logs them.
     steady = [{"step": s, "reward": 0.8} for s in range(2, 151, 2)]
     assert check.lowest_window_mean(steady) == pytest.approx(0.8)
