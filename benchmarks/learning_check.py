@@ -28,7 +28,9 @@
    interpreter ``.venv-vllm`` from ``scripts/setup_vllm_cpu.sh``, or ``--vllm-python``) on a free
    loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
-   (``readers=<url> reader_model=<folder>`` overrides). Each seed also prints what the served readers
+   (``readers=<url> reader_model=<folder>`` overrides), one world document per reader chunk unless
+   ``--set world_docs_per_chunk=N`` says otherwise (the world reader binds a fact to its subject at
+   chance where one chunk holds two facts of one relation). Each seed also prints what the served readers
    cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
    reply, the client's queueing included), vLLM's prefix-cache hit rate (token counters of the
    server's Prometheus ``/metrics`` read between the phases; the held-out evaluations' rate beside
@@ -55,7 +57,7 @@ sampled >= 90% and greedy >= 95%, the same reward floor, GRPO <= 10 minutes per 
 printed next to the results, never adjusted.
 
     python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 150]
-    python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0] [--eval-n 200]
+    python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0 1 2] [--steps 100]
 """
 
 from __future__ import annotations
@@ -571,11 +573,22 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"readers: {served.model} served by vLLM at {served.url}, ready in {served.startup_s:.0f}s (log {served.log})"
         )
-        return check(a, p, out, {**overrides, **served.overrides()}, started, served)
+        overrides = served_overrides(overrides, served.overrides())
+        print(
+            f"readers: one world document per reader chunk (world_docs_per_chunk={overrides['world_docs_per_chunk']})"
+        )
+        return check(a, p, out, overrides, started, served)
     finally:
         if served is not None:
             served.group.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[str, str]:
+    """``--set`` overrides for a run through served readers: the server's ``readers``/``reader_model``, and
+    one world document per reader chunk unless set (the served world reader reads one document without
+    error and binds facts at chance where a chunk holds two of one relation, docs/world_reader.md)."""
+    return {"world_docs_per_chunk": "1", **overrides, **server}
 
 
 def check(
