@@ -28,9 +28,8 @@
    interpreter ``.venv-vllm`` from ``scripts/setup_vllm_cpu.sh``, or ``--vllm-python``) on a free
    loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
-   (``readers=<url> reader_model=<folder>`` overrides), one world document per reader chunk unless
-   ``--set world_docs_per_chunk=N`` says otherwise (the world reader binds a fact to its subject at
-   chance where one chunk holds two facts of one relation). Each seed also prints what the served readers
+   (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk and a
+   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``). Each seed also prints what the served readers
    cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
    reply, the client's queueing included), vLLM's prefix-cache hit rate (token counters of the
    server's Prometheus ``/metrics`` read between the phases; the held-out evaluations' rate beside
@@ -574,9 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             f"readers: {served.model} served by vLLM at {served.url}, ready in {served.startup_s:.0f}s (log {served.log})"
         )
         overrides = served_overrides(overrides, served.overrides())
-        print(
-            f"readers: one world document per reader chunk (world_docs_per_chunk={overrides['world_docs_per_chunk']})"
-        )
+        print("served-reader recipe: " + ", ".join(f"{k}={overrides[k]}" for k in SERVED_READER_RECIPE))
         return check(a, p, out, overrides, started, served)
     finally:
         if served is not None:
@@ -584,11 +581,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+# What a run through served readers changes unless ``--set`` says otherwise: one world document per
+# reader chunk (the served world reader reads one document without error and binds facts at chance where a
+# chunk holds two of one relation, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
+# one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did).
+SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1"}
+
+
 def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[str, str]:
-    """``--set`` overrides for a run through served readers: the server's ``readers``/``reader_model``, and
-    one world document per reader chunk unless set (the served world reader reads one document without
-    error and binds facts at chance where a chunk holds two of one relation, docs/world_reader.md)."""
-    return {"world_docs_per_chunk": "1", **overrides, **server}
+    """``--set`` overrides for a run through served readers: `SERVED_READER_RECIPE` under the user's own,
+    and the server's ``readers``/``reader_model`` over both."""
+    return {**SERVED_READER_RECIPE, **overrides, **server}
 
 
 def check(

@@ -326,9 +326,9 @@ def test_learning_check_target_counts_a_collapse_after_step_50():
     served = check.setup_for("parser", "vllm")
     assert (served.target_sampled, served.target_greedy, served.grpo_s_target) == (0.90, 0.95, 600)
     assert served.reward_floor == check.REWARD_FLOOR
-    # Served readers read one document per chunk unless the user sets it; the server's URL always wins.
+    # The served readers' recipe applies unless the user sets it; the server's URL always wins.
     server = {"readers": "http://127.0.0.1:1", "reader_model": "m"}
-    assert check.served_overrides({}, server) == {"world_docs_per_chunk": "1", **server}
+    assert check.served_overrides({}, server) == {"world_docs_per_chunk": "1", "beta": "0.1", **server}
     assert check.served_overrides({"world_docs_per_chunk": "2", "readers": "x"}, server)["world_docs_per_chunk"] == "2"
     assert check.served_overrides({"readers": "x"}, server)["readers"] == server["readers"]
     # One point every other optimizer step (num_iterations: 2), as the check logs them.
