@@ -29,8 +29,8 @@
    loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
    (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk and a
-   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``). Each seed also prints what the served readers
-   cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
+   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``). Each seed also prints
+   what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
    reply, the client's queueing included), vLLM's prefix-cache hit rate (token counters of the
    server's Prometheus ``/metrics`` read between the phases; the held-out evaluations' rate beside
    it), and the share of step time (TRL's ``step_time``, generation included) during which some
@@ -123,6 +123,11 @@ SETUPS = {
 # Through model-served readers (``--readers vllm``) the readers' own target: a served reader call costs
 # more than a lexical one, so GRPO gets 10 minutes per seed, and the bar is sampled >= 90%, greedy >= 95%.
 SERVED_READER_TARGETS = {"target_sampled": 0.90, "target_greedy": 0.95, "grpo_s_target": 600}
+# What a run through served readers changes unless ``--set`` says otherwise: one world document per
+# reader chunk (the served world reader reads one document without error and binds facts at chance where a
+# chunk holds two of one relation, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
+# one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did).
+SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1"}
 
 
 def setup_for(protocol: str, readers: str = "lexical") -> Setup:
@@ -579,13 +584,6 @@ def main(argv: list[str] | None = None) -> int:
         if served is not None:
             served.group.stop()
         signal.signal(signal.SIGTERM, previous)
-
-
-# What a run through served readers changes unless ``--set`` says otherwise: one world document per
-# reader chunk (the served world reader reads one document without error and binds facts at chance where a
-# chunk holds two of one relation, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
-# one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did).
-SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1"}
 
 
 def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[str, str]:
