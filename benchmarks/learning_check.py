@@ -30,12 +30,12 @@
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
    (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk and a
    KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``). Each seed also prints
-   what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95 (ms, request issued to
-   reply, the client's queueing included), vLLM's prefix-cache hit rate (token counters of the
-   server's Prometheus ``/metrics`` read between the phases; the held-out evaluations' rate beside
-   it), and the share of step time (TRL's ``step_time``, generation included) during which some
-   reader request was in flight (`coordrl.readers.meter.CallMeter` on the training fleet). All of it
-   goes to ``learning_check.json`` under each seed's ``readers``.
+   what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95
+   (ms, request issued to reply, the client's queueing included), vLLM's prefix-cache hit rate (token
+   counters of the server's Prometheus ``/metrics`` read between the phases; the held-out evaluations'
+   rate beside it), and the share of step time (TRL's ``step_time``, generation included) during which
+   some reader request was in flight (`coordrl.readers.meter.CallMeter` on the training fleet). All of
+   it goes to ``learning_check.json`` under each seed's ``readers``.
 
 7. ``--protocol hmars``: the HMARS mid-agent on the HMARS world (docs/hmars_world.md) instead: warm
    start ``scripts/build_hmars_warm_start.py`` (kept: ``src/coordrl/resources/hmars_warm_start``),
