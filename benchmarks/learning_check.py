@@ -45,8 +45,11 @@
    hinted sub-agents select). Target: sampled >= 85%, greedy >= 90% and greedy recall >= 0.95 on both
    types, every seed; GRPO <= 10 minutes per seed.
 
-``learning_check.json`` names the warm start it started from (``warm_start``: folder, weights' SHA-256,
-the recipe from its ``coordrl_warm_start.json``), so records made from different warm starts are told apart.
+``learning_check.json`` is written after every seed (``"complete": false`` until the last), so a run
+stopped midway keeps the seeds it finished; ``--resume`` with the same ``--out`` and settings keeps them
+and runs the rest (a record of other settings is refused, naming what differs). The record names the
+warm start it started from (``warm_start``: folder, weights' SHA-256, the recipe from its
+``coordrl_warm_start.json``), so records made from different warm starts are told apart.
 
 Target (PARSER): sampled >= 92% and greedy >= 96% on both question types, for every seed, and the
 training reward's 10-step mean never below 0.5 after step 50 (a run that collapses and recovers is not
@@ -88,6 +91,7 @@ TARGET_SAMPLED, TARGET_GREEDY = 0.92, 0.96
 # PARSER's stability target: the reward's mean over every 10-step window ending after step 50 stays >= 0.5.
 REWARD_FLOOR, FLOOR_AFTER, FLOOR_WINDOW = 0.5, 50, 10
 TIME_TARGETS_S = {"warm_start_s": 600, "grpo_s_per_seed": 300, "total_s": 1800}
+RECORD = "learning_check.json"  # in --out
 
 
 @dataclass(frozen=True)
@@ -497,6 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="runs/learning_check")
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the seeds an earlier run of the same settings finished in --out (and its rebuilt warm start)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=2,
@@ -592,6 +601,74 @@ def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[
     return {**SERVED_READER_RECIPE, **overrides, **server}
 
 
+def run_identity(a: argparse.Namespace, overrides: dict[str, str], warm_sha256: str | None) -> dict:
+    """What a seed's figures depend on, so that ``--resume`` only keeps seeds of the same run. The served
+    readers' URL is left out: a resumed run starts its own server on another port."""
+    return {
+        "protocol": a.protocol,
+        "readers": a.readers,
+        "steps": a.steps,
+        "minutes": a.minutes,
+        "eval_n": a.eval_n,
+        "warm_start_sha256": warm_sha256,
+        "overrides": {k: v for k, v in sorted(overrides.items()) if k != "readers"},
+    }
+
+
+def finished_seeds(record: Path, run: dict) -> dict[int, dict]:
+    """The seeds an earlier run recorded in ``record`` (``--resume``), by seed, if that run is ``run``
+    (`run_identity`); otherwise SystemExit naming each field that differs."""
+    if not record.exists():
+        print(f"--resume: no {record} yet; every seed runs")
+        return {}
+    earlier = json.loads(record.read_text())
+    if "run" not in earlier:
+        raise SystemExit(f"--resume: {record} was written before records said which run made them; use another --out")
+    differ = [k for k in run if earlier["run"].get(k) != run[k]]
+    if differ:
+        said = "; ".join(f"{k}: {earlier['run'].get(k)!r} there, {run[k]!r} now" for k in differ)
+        raise SystemExit(f"--resume: {record} is another run ({said}); use another --out or drop --resume")
+    seeds = {int(seed): r for seed, r in earlier["seeds"].items()}
+    print(f"--resume: seeds {sorted(seeds) or 'none'} finished in {record}")
+    return seeds
+
+
+def save_record(record: Path, results: dict, complete: bool) -> None:
+    """Write the record; ``complete`` is false while seeds are still to run. Written to a temporary file
+    and renamed, so a run killed while writing leaves the previous record whole."""
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps({**results, "complete": complete}, indent=2) + "\n")
+    tmp.replace(record)
+
+
+def report_seed(seed: int, r: dict, env: dict | None) -> None:
+    """Print one seed's figures (``r``: its entry under ``seeds`` in the record)."""
+    print(
+        f"seed {seed}: {r['steps']} GRPO optimizer steps ({r['generation_batches']} generation batches) in {r['grpo_s']:.0f}s"
+    )
+    print(f"  before  sampled {fmt(r['before']['sampled'])} | greedy {fmt(r['before']['greedy'])}")
+    print(f"  after   sampled {fmt(r['after']['sampled'])} | greedy {fmt(r['after']['greedy'])}", flush=True)
+    if r["lowest_reward_mean"] is not None:
+        print(f"  lowest {FLOOR_WINDOW}-step reward mean after step {FLOOR_AFTER}: {r['lowest_reward_mean']:.2f}")
+    for mode, ev in r["after"].get("ablations", {}).items():
+        print(f"  after, mode {mode:<8} greedy {fmt(ev)}", flush=True)
+    if r["train_reader_calls_per_episode"] is not None:
+        print(
+            f"  reader calls per episode: training {r['train_reader_calls_per_episode']:.2f}; held-out greedy before "
+            f"{r['before']['greedy']['all_reader_calls']:.2f}, after {r['after']['greedy']['all_reader_calls']:.2f}"
+        )
+        if r["train_broadcast_calls_per_episode"] is not None and env and env.get("activation") == "routed":
+            print(
+                f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f} routed; broadcast of the "
+                f"same queries {r['train_broadcast_calls_per_step']:.1f} "
+                f"({r['train_broadcast_calls_per_episode']:.2f} per episode)"
+            )
+        else:
+            print(f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f}")
+    if "readers" in r:
+        print(fmt_readers(r["readers"]), flush=True)
+
+
 def check(
     a: argparse.Namespace,
     p: argparse.ArgumentParser,
@@ -611,7 +688,10 @@ def check(
     warm = Path(a.warm_start) if a.warm_start else setup.kept
     if a.reuse_warm_start and env and env.get("activation") == "routed":
         print("warning: the kept warm start was taught with the broadcast tool description, not the routed one")
-    if not (a.reuse_warm_start or a.warm_start):
+    if a.resume and not (a.reuse_warm_start or a.warm_start) and (out / "warm_start" / "model.safetensors").exists():
+        warm = out / "warm_start"  # the builder renames a finished build into place, so it is whole
+        print(f"--resume: warm start {warm} kept from the earlier run")
+    elif not (a.reuse_warm_start or a.warm_start):
         warm = out / "warm_start"
         # The defaults the kept checkpoint was built with, taught in the environment GRPO then runs in (a
         # routed run's warm start sees the routed tool description).
@@ -626,12 +706,21 @@ def check(
         target["reward_floor"] = {"min_mean": setup.reward_floor, "after_step": FLOOR_AFTER, "window": FLOOR_WINDOW}
     results: dict = {"protocol": setup.protocol, "seeds": {}, "target": target, "overrides": overrides}
     results["warm_start"] = warm_start_record(warm)
+    results["run"] = run_identity(a, overrides, results["warm_start"]["sha256"])
+    record = out / RECORD
+    kept = finished_seeds(record, results["run"]) if a.resume else {}
     if served:
         results["readers"] = {"mode": "vllm", "model": served.model, "url": served.url, "log": str(served.log)}
     curves: dict[int, list[dict]] = {}
     # Prefix-cache counters between the phases of a seed (served readers only).
     mark = served.counters if served else lambda: (0.0, 0.0)
     for seed in [] if a.ablations_only else a.seeds:
+        if seed in kept:
+            results["seeds"][seed] = kept[seed]
+            curves[seed] = kept[seed]["curve"]
+            print(f"seed {seed}: kept from {record} (--resume)")
+            report_seed(seed, kept[seed], env)
+            continue
         t = time.time()
         meter = CallMeter() if served else None
         marks = [mark()]
@@ -666,30 +755,9 @@ def check(
         }
         if served:
             results["seeds"][seed]["readers"] = reader_figures(meter, steps, step_s, marks)
-        print(f"seed {seed}: {steps} GRPO optimizer steps ({len(hist)} generation batches) in {train_s:.0f}s")
-        print(f"  before  sampled {fmt(before['sampled'])} | greedy {fmt(before['greedy'])}")
-        print(f"  after   sampled {fmt(after['sampled'])} | greedy {fmt(after['greedy'])}", flush=True)
-        low = results["seeds"][seed]["lowest_reward_mean"]
-        if low is not None:
-            print(f"  lowest {FLOOR_WINDOW}-step reward mean after step {FLOOR_AFTER}: {low:.2f}")
-        for mode, ev in after.get("ablations", {}).items():
-            print(f"  after, mode {mode:<8} greedy {fmt(ev)}", flush=True)
-        if calls:
-            print(
-                f"  reader calls per episode: training {statistics.mean(calls):.2f}; held-out greedy before "
-                f"{before['greedy']['all_reader_calls']:.2f}, after {after['greedy']['all_reader_calls']:.2f}"
-            )
-            r = results["seeds"][seed]
-            if broadcast and env and env.get("activation") == "routed":
-                print(
-                    f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f} routed; broadcast of the "
-                    f"same queries {r['train_broadcast_calls_per_step']:.1f} "
-                    f"({r['train_broadcast_calls_per_episode']:.2f} per episode)"
-                )
-            else:
-                print(f"  reader calls per optimizer step: {r['train_reader_calls_per_step']:.1f}")
-        if served:
-            print(fmt_readers(results["seeds"][seed]["readers"]), flush=True)
+        report_seed(seed, results["seeds"][seed], env)
+        # Saved after every seed, so a run stopped later keeps what it finished (``--resume`` reuses it).
+        save_record(record, results, complete=False)
     gains = [100 * (r["after"]["sampled"]["all"] - r["before"]["sampled"]["all"]) for r in results["seeds"].values()]
     if gains:
         spread = (max(gains) - min(gains)) / 2
@@ -709,6 +777,9 @@ def check(
             p.error("--ablations-only needs --ablation-steps")
         results["ablations"] = run_ablations(a, out, warm, rows, overrides, steps, env)
     walls["total_s"] = time.time() - started
+    if kept:
+        # Wall times then cover this run only; the kept seeds carry their own grpo_s and seed_s.
+        results["resumed_seeds"] = sorted(set(kept) & set(results["seeds"]))
     results["wall"] = walls
     if gains:
         g = results["gain_points"]
@@ -734,7 +805,7 @@ def check(
         print(
             f"time target {k} <= {v['target_s']}s: measured {v['measured_s']}s, {'met' if v['met'] else 'NOT met (slower machine or shared cores?)'}"
         )
-    (out / "learning_check.json").write_text(json.dumps(results, indent=2) + "\n")
+    save_record(record, results, complete=True)
     if curves:
         from coordrl.train.config import load_config
 

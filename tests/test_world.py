@@ -343,3 +343,30 @@ def test_learning_check_target_counts_a_collapse_after_step_50():
     assert check.lowest_window_mean(steady[:20]) is None  # never reached step 50
     parser = check.SETUPS["parser"]
     assert (parser.target_sampled, parser.target_greedy, parser.reward_floor) == (0.92, 0.96, 0.5)
+
+
+def test_learning_check_saves_each_seed_and_resumes_only_the_same_run(tmp_path, capsys):
+    # A check stopped midway keeps its finished seeds; --resume reuses them only for the same settings.
+    import torch
+
+    check = load_script("benchmarks/learning_check.py")
+    out = tmp_path / "check"
+    base = ["--reuse-warm-start", "--seeds", "0", "--eval-n", "2", "--threads", "1", "--out", str(out)]
+    threads = torch.get_num_threads()
+    try:
+        assert check.main([*base, "--steps", "1"]) == 0
+        record = json.loads((out / "learning_check.json").read_text())
+        assert record["complete"] and list(record["seeds"]) == ["0"] and record["run"]["steps"] == 1
+        final = out / "seed0" / "final" / "model.safetensors"
+        trained_at = final.stat().st_mtime_ns
+        with pytest.raises(SystemExit, match="steps: 1 there, 2 now"):
+            check.main([*base, "--steps", "2", "--resume"])
+        capsys.readouterr()
+        assert check.main([*base, "--steps", "1", "--resume"]) == 0
+        printed = capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    assert "seed 0: kept from" in printed and "gain:" in printed
+    assert final.stat().st_mtime_ns == trained_at  # not trained again
+    again = json.loads((out / "learning_check.json").read_text())
+    assert again["seeds"] == record["seeds"] and again["resumed_seeds"] == [0] and again["complete"]
