@@ -709,6 +709,8 @@ def check(
     results["run"] = run_identity(a, overrides, results["warm_start"]["sha256"])
     record = out / RECORD
     kept = finished_seeds(record, results["run"]) if a.resume else {}
+    if record.exists() and not a.resume:
+        print(f"{record} holds an earlier run: this run replaces it (--resume keeps its finished seeds)")
     if served:
         results["readers"] = {"mode": "vllm", "model": served.model, "url": served.url, "log": str(served.log)}
     curves: dict[int, list[dict]] = {}
