@@ -29,7 +29,8 @@
    loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
    (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk and a
-   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``). Each seed also prints
+   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``); a rebuilt warm start
+   (no ``--reuse-warm-start``) is taught on the same chunking (`warm_start_settings`). Each seed also prints
    what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95
    (ms, request issued to reply, the client's queueing included), vLLM's prefix-cache hit rate (token
    counters of the server's Prometheus ``/metrics`` read between the phases; the held-out evaluations'
@@ -151,6 +152,16 @@ def warm_start_builder(setup: Setup = SETUPS["parser"]):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def warm_start_settings(setup: Setup, env: dict | None, overrides: dict[str, str]) -> dict:
+    """What a rebuilt warm start is taught in besides the builder's defaults: the environment settings
+    and (PARSER) the reader chunking among the overrides, so the policy meets at GRPO time the prompt and
+    findings it was taught with."""
+    settings = {"env": env} if env else {}
+    if setup.protocol == "parser" and "world_docs_per_chunk" in overrides:
+        settings["docs_per_chunk"] = int(overrides["world_docs_per_chunk"])
+    return settings
 
 
 def env_overrides(overrides: dict[str, str]) -> dict:
@@ -695,7 +706,7 @@ def check(
         warm = out / "warm_start"
         # The defaults the kept checkpoint was built with, taught in the environment GRPO then runs in (a
         # routed run's warm start sees the routed tool description).
-        warm_start_builder(setup).build(warm, threads=a.threads, **({"env": env} if env else {}))
+        warm_start_builder(setup).build(warm, threads=a.threads, **warm_start_settings(setup, env, overrides))
         walls["warm_start_s"] = time.time() - t0
 
     rows = heldout_rows(setup, a.eval_n, warm, overrides)

@@ -29,6 +29,11 @@ comparison answer stayed at chance.
 
     python scripts/build_warm_start.py --out src/coordrl/resources/warm_start
 
+``--env FIELD=VALUE ...`` plays the demonstrations in another environment (e.g. routed readers, whose
+tool description differs) and ``--docs-per-chunk 1`` on one-document reader chunks (as model-served
+readers read the world: 7 readers per question instead of 4), so a policy is taught the prompt and
+findings it meets at GRPO time. Both are recorded in ``coordrl_warm_start.json`` when set.
+
 Reproducible: the work is fixed (``--steps`` SFT steps, default 400) and runs on a fixed number of
 torch threads (``--threads``, default 2) with torch's deterministic algorithms, so the same seed gives
 the same weights on any machine of the same kind however fast it is (tests/test_world.py builds a
@@ -59,18 +64,18 @@ def log(msg: str) -> None:
 DEFAULT_P_GOOD = {"bridge": 0.45, "comparison": 0.35}
 
 
-def episode_layout(p1: str, p2: str, facts: list[str], rng: random.Random) -> str:
+def episode_layout(p1: str, p2: str, facts: list[str], rng: random.Random, readers: int = 4) -> str:
     """A comparison drill laid out as in an episode: the question first, the two findings (``facts[i]``
-    belongs to ``p{i+1}``) as the environment renders them, in random order and from random chunks,
-    then the answer tag. Drilled only with the facts before the question, the kept warm start puts
+    belongs to ``p{i+1}``) as the environment renders them, in random order and from random chunks of
+    ``readers`` (default 4, a world question's chunks at two documents each), then the answer tag. Drilled only with the facts before the question, the kept warm start puts
     P = 0.95 on the earlier-born name for neighbouring decades in that layout, but 0.69 with the
     question first, as in every episode."""
     found = [(p1, facts[0]), (p2, facts[1])]
     if rng.random() < 0.5:
         found.reverse()
-    lines = [f"Question: Who was born earlier, {p1} or {p2}?", "2 finding(s) from 4 readers for 2 query(ies)."]
+    lines = [f"Question: Who was born earlier, {p1} or {p2}?", f"2 finding(s) from {readers} readers for 2 query(ies)."]
     for k, (who, fact) in enumerate(found, start=1):
-        lines += [f'Query {k}: "In which decade was {who} born?"', f"- chunk {rng.randrange(4)}: {who}: {fact}"]
+        lines += [f'Query {k}: "In which decade was {who} born?"', f"- chunk {rng.randrange(readers)}: {who}: {fact}"]
     return "\n".join(lines) + "\n<answer>"
 
 
@@ -119,6 +124,7 @@ def _build(
     adjacent_from: int = 250,
     episode_frac: float = 0.5,
     env: dict | None = None,
+    docs_per_chunk: int = 2,
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -154,7 +160,10 @@ def _build(
     # ``env``: environment settings the demonstrations are played in (e.g. ``activation: routed``, whose
     # tool description differs: a policy meets at GRPO time the prompt it was taught with).
     factory = make_env_factory(tok, **(env or {}))
-    splits = world_splits(n_train, n_eval, seed=0)
+    # ``docs_per_chunk``: the chunking the policy's readers will read (1 for model-served readers), so the
+    # findings' chunk numbers and reader counts are those it meets at GRPO time.
+    splits = world_splits(n_train, n_eval, seed=0, docs_per_chunk=docs_per_chunk)
+    readers = len(splits["train"][0]["chunks"])
     rng = random.Random(seed)
     demos = []
     p_good = DEFAULT_P_GOOD if p_good is None else p_good
@@ -197,7 +206,7 @@ def _build(
         # No draw when off, so a build with episode_frac 0 is the earlier recipe's, byte for byte.
         episode = episode_frac > 0 and step >= adjacent_from and rng.random() < episode_frac
         if episode:
-            text = episode_layout(p1, p2, facts, rng)
+            text = episode_layout(p1, p2, facts, rng, readers)
         else:
             rng.shuffle(facts)
             text = f"{facts[0]} {facts[1]} Who was born earlier, {p1} or {p2}?"
@@ -375,6 +384,8 @@ def _build(
     }
     if env:  # only then, so a default build's record stays as it was
         meta["env"] = env
+    if docs_per_chunk != 2:
+        meta["docs_per_chunk"] = docs_per_chunk
     publish_warm_start(tmp, out, meta, t0, log)
     return meta
 
@@ -464,7 +475,15 @@ def main(argv: list[str] | None = None) -> int:
         help="environment settings the demonstrations are played in, as coordrl train's overrides "
         "(e.g. activation=routed route_bm25_top_k=1 route_summary_top_k=1)",
     )
+    p.add_argument(
+        "--docs-per-chunk",
+        type=int,
+        default=2,
+        help="world documents per reader chunk in the demonstrations (default 2; 1: as model-served readers read)",
+    )
     a = p.parse_args(argv)
+    if a.docs_per_chunk < 1:
+        p.error(f"--docs-per-chunk: must be >= 1, got {a.docs_per_chunk}")
     p_good = {"bridge": a.p_good_bridge, "comparison": a.p_good_comparison}
     env = env_settings(dict(kv.split("=", 1) for kv in a.env)) if a.env else None
     build(
@@ -488,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         adjacent_from=a.adjacent_from,
         episode_frac=a.episode_frac,
         env=env,
+        docs_per_chunk=a.docs_per_chunk,
     )
     return 0
 

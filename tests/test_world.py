@@ -267,9 +267,27 @@ def test_routed_warm_start_is_taught_in_the_routed_environment(tmp_path, tok):
     assert meta["env"] == env and "env" not in builder.build(tmp_path / "plain", **small)
 
 
-def test_episode_layout_drill_reads_as_the_environment_renders_findings(tok):
+def test_warm_start_for_served_readers_is_taught_on_their_chunking(tmp_path):
+    # Served readers read one world document per chunk; a warm start the learning check rebuilds for
+    # them is taught on that chunking, and records it (a default build's record does not change).
+    check = load_script("benchmarks/learning_check.py")
+    served = check.served_overrides({}, {"readers": "http://127.0.0.1:1", "reader_model": "m"})
+    assert check.warm_start_settings(check.setup_for("parser", "vllm"), None, served) == {"docs_per_chunk": 1}
+    assert check.warm_start_settings(check.setup_for("parser"), {"activation": "routed"}, {}) == {
+        "env": {"activation": "routed"}
+    }
+    assert check.warm_start_settings(check.setup_for("hmars"), None, {"world_docs_per_chunk": "1"}) == {}
+    small = {"steps": 1, "n_train": 4, "n_eval": 2, "batch": 2, "drills": 2, "threads": 1}
+    assert _warm_start_builder().build(tmp_path / "one", docs_per_chunk=1, **small)["docs_per_chunk"] == 1
+    with pytest.raises(SystemExit):
+        _warm_start_builder().main(["--docs-per-chunk", "0", "--out", str(tmp_path / "never")])
+
+
+@pytest.mark.parametrize("docs_per_chunk", [2, 1])
+def test_episode_layout_drill_reads_as_the_environment_renders_findings(tok, docs_per_chunk):
     # The drill teaches the comparison in the layout the policy meets: the question, then the findings
-    # exactly as the environment renders them (chunk numbers aside), then the answer tag.
+    # exactly as the environment renders them (chunk numbers aside), then the answer tag; with one
+    # document per chunk (model-served readers) the reader count is that chunking's.
     import random
     import re
 
@@ -278,13 +296,17 @@ def test_episode_layout_drill_reads_as_the_environment_renders_findings(tok):
     from coordrl.rollout.world import demo_ids, make_env_factory
 
     layout = _warm_start_builder().episode_layout
-    row = next(r for r in world_splits(0, 8, seed=0)["heldout"] if r["type"] == "comparison")
+    rows = world_splits(0, 8, seed=0, docs_per_chunk=docs_per_chunk)["heldout"]
+    row = next(r for r in rows if r["type"] == "comparison")
     chain = json.loads(row["chain"])
     (p1, p2), (y1, y2) = chain["people"], chain["decades"]
     ids, _ = demo_ids(row, True, ChatCodec(tok), make_env_factory(tok))
     rendered = re.sub(r"chunk \d+", "chunk N", tok.decode(ids))
+    readers = len(row["chunks"])
+    assert readers == {2: 4, 1: 7}[docs_per_chunk]
     for seed in range(4):  # both orders of the findings
-        text = layout(p1, p2, [decade_sentence(p1, y1), decade_sentence(p2, y2)], random.Random(seed))
+        facts = [decade_sentence(p1, y1), decade_sentence(p2, y2)]
+        text = layout(p1, p2, facts, random.Random(seed), *([readers] if docs_per_chunk != 2 else []))
         lines = re.sub(r"chunk \d+", "chunk N", text).split("\n")
         assert lines[0] in rendered and lines[1] in rendered and lines[-1] == "<answer>"
         block = "\n".join(lines[1:-1])
