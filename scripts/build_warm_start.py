@@ -67,9 +67,10 @@ DEFAULT_P_GOOD = {"bridge": 0.45, "comparison": 0.35}
 def episode_layout(p1: str, p2: str, facts: list[str], rng: random.Random, readers: int = 4) -> str:
     """A comparison drill laid out as in an episode: the question first, the two findings (``facts[i]``
     belongs to ``p{i+1}``) as the environment renders them, in random order and from random chunks of
-    ``readers`` (default 4, a world question's chunks at two documents each), then the answer tag. Drilled only with the facts before the question, the kept warm start puts
-    P = 0.95 on the earlier-born name for neighbouring decades in that layout, but 0.69 with the
-    question first, as in every episode."""
+    ``readers`` (default 4, a world question's chunks at two documents each), then the answer tag.
+    Drilled only with the facts before the question, the kept warm start puts P = 0.95 on the
+    earlier-born name for neighbouring decades in that layout, but 0.69 with the question first, as in
+    every episode."""
     found = [(p1, facts[0]), (p2, facts[1])]
     if rng.random() < 0.5:
         found.reverse()
