@@ -158,10 +158,20 @@ def warm_start_settings(setup: Setup, env: dict | None, overrides: dict[str, str
     """What a rebuilt warm start is taught in besides the builder's defaults: the environment settings
     and (PARSER) the reader chunking among the overrides, so the policy meets at GRPO time the prompt and
     findings it was taught with."""
+    from coordrl.data.world import DOCS_PER_CHUNK
+
     settings = {"env": env} if env else {}
-    if setup.protocol == "parser" and "world_docs_per_chunk" in overrides:
-        settings["docs_per_chunk"] = int(overrides["world_docs_per_chunk"])
+    if setup.protocol == "parser" and (n := world_docs_per_chunk(overrides)) != DOCS_PER_CHUNK:
+        settings["docs_per_chunk"] = n
     return settings
+
+
+def world_docs_per_chunk(overrides: dict[str, str]) -> int:
+    """Whole world documents per reader chunk, as training reads ``world_docs_per_chunk`` (typed and checked
+    by the config loader)."""
+    from coordrl.train.config import load_config
+
+    return load_config(CONFIG, overrides).coord.world_docs_per_chunk
 
 
 def env_overrides(overrides: dict[str, str]) -> dict:
@@ -449,10 +459,8 @@ def heldout_rows(setup: Setup, n: int, warm: Path, overrides: dict[str, str]) ->
 
         return hmars_world_splits(0, n, seed=0, tokenizer=AutoTokenizer.from_pretrained(str(warm)))["heldout"]
     from coordrl.data.world import world_splits
-    from coordrl.train.config import load_config
 
-    docs_per_chunk = load_config(CONFIG, overrides).coord.world_docs_per_chunk
-    return world_splits(0, n, seed=0, docs_per_chunk=docs_per_chunk)["heldout"]
+    return world_splits(0, n, seed=0, docs_per_chunk=world_docs_per_chunk(overrides))["heldout"]
 
 
 def plot(
@@ -699,15 +707,16 @@ def check(
     warm = Path(a.warm_start) if a.warm_start else setup.kept
     if a.reuse_warm_start and env and env.get("activation") == "routed":
         print("warning: the kept warm start was taught with the broadcast tool description, not the routed one")
-    if a.resume and not (a.reuse_warm_start or a.warm_start) and (out / "warm_start" / "model.safetensors").exists():
-        warm = out / "warm_start"  # the builder renames a finished build into place, so it is whole
-        print(f"--resume: warm start {warm} kept from the earlier run")
-    elif not (a.reuse_warm_start or a.warm_start):
+    if not (a.reuse_warm_start or a.warm_start):
         warm = out / "warm_start"
-        # The defaults the kept checkpoint was built with, taught in the environment GRPO then runs in (a
-        # routed run's warm start sees the routed tool description).
-        warm_start_builder(setup).build(warm, threads=a.threads, **warm_start_settings(setup, env, overrides))
-        walls["warm_start_s"] = time.time() - t0
+        if a.resume and (warm / "model.safetensors").exists():
+            # The builder renames a finished build into place, so a warm start found there is whole.
+            print(f"--resume: warm start {warm} kept from the earlier run")
+        else:
+            # The defaults the kept checkpoint was built with, taught in the environment GRPO then runs in
+            # (a routed run's warm start sees the routed tool description).
+            warm_start_builder(setup).build(warm, threads=a.threads, **warm_start_settings(setup, env, overrides))
+            walls["warm_start_s"] = time.time() - t0
 
     rows = heldout_rows(setup, a.eval_n, warm, overrides)
     target = {"sampled": setup.target_sampled, "greedy": setup.target_greedy}
