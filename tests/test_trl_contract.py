@@ -66,8 +66,32 @@ def test_generation_and_suffix_helpers_still_match():
     assert 'reward_kwargs["environments"]' in rewards_src and 'reward_kwargs["log_metric"]' in rewards_src
 
 
+def test_scoring_pass_signature_and_fused_head_still_match():
+    # share_prompt_prefix overrides the scoring pass: same parameters, and TRL's pass must still be the
+    # fused LM head over labels masked by attention, keeping the last logits_to_keep positions.
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+    assert params[:8] == [
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+    ]
+    src = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "labels = input_ids_batch.masked_fill(attention_mask_batch == 0, -100)" in src
+    assert "labels[:, :-logits_to_keep] = -100" in src
+    assert "model(**model_inputs, labels=labels, fused_lm_head=True)" in src
+    assert "outputs.log_probs[:, -logits_to_keep:]" in src and "outputs.entropy[:, -logits_to_keep:]" in src
+    # The loss and the old/reference log-probs all score through it.
+    assert "self._get_per_token_logps_and_entropies(" in inspect.getsource(GRPOTrainer._compute_loss)
+    assert "self._get_per_token_logps_and_entropies(" in inspect.getsource(GRPOTrainer._generate_and_score_completions)
+
+
 def test_our_overrides_are_the_ones_that_run():
-    for name in ("_tool_call_loop", "_generate_single_turn"):
+    for name in ("_tool_call_loop", "_generate_single_turn", "_get_per_token_logps_and_entropies"):
         assert getattr(CoordGRPOTrainer, name) is not getattr(GRPOTrainer, name)
         assert getattr(CoordGRPOTrainer, name).__qualname__.startswith("CoordGRPOTrainer.")
     # GRPOTrainer's tool loop calls self._generate_single_turn, so the override is reached from TRL's code.

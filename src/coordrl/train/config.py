@@ -63,6 +63,10 @@ class CoordConfig(ParserEnvConfig):
             off only as an ablation (the learning check's).
         lockstep: keep all ranks in step through the tool loop (needed with vLLM server mode,
             tensor-parallel colocate or ZeRO-3 generation).
+        share_prompt_prefix: score the rollouts of one prompt with the prompt forwarded once, its KV
+            cache shared (`coordrl.train.trainer.CoordGRPOTrainer`); log-probs equal TRL's within float
+            rounding, so off by default to keep existing runs' numerics. Worth it when prompts are long
+            against completions (the HMARS mid-agent's regional memory).
         traces: write JSONL rollout traces to ``<output_dir>/traces/``.
         model_params: parameter count for ``--dry-run`` when the model's config.json is not local.
         reader_gpus: GPUs dedicated to reader servers (for ``--dry-run`` and ``scripts/launch_grpo.sh``).
@@ -91,6 +95,7 @@ class CoordConfig(ParserEnvConfig):
     tool_concurrency: bool = True
     mask_observations: bool = True
     lockstep: bool = True
+    share_prompt_prefix: bool = False
     traces: bool = True
     model_params: float | None = None
     reader_gpus: int = 0
