@@ -95,33 +95,30 @@ def test_the_kept_reader_answers_through_the_fleet(world_reader_url):
 
 
 def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(world_reader_url, tmp_path):
-    # vLLM's CPU worker takes a core and polls it; training keeps to the other one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        url = world_reader_url
-        served = {"readers": url, "reader_model": str(READER_MODEL)}
-        rows = world_splits(0, N_EVAL, seed=0, docs_per_chunk=1)["heldout"]
-        # Prompt tokens the server has processed, read from its /metrics between the phases.
-        marks = [prefix_cache_counters(url)[0]]
-        before = _heldout_em(resolve_model(WORLD_MODEL), rows, served)
-        marks.append(prefix_cache_counters(url)[0])
-        cfg = load_config(
-            CONFIG,
-            {
-                "output_dir": str(tmp_path / "run"),
-                "max_steps": str(STEPS),
-                "seed": "0",
-                "world_docs_per_chunk": "1",
-                **served,
-            },
-        )
-        train(cfg)
-        marks.append(prefix_cache_counters(url)[0])
-        after = _heldout_em(str(tmp_path / "run" / "final"), rows, served)
-        marks.append(prefix_cache_counters(url)[0])
-    finally:
-        torch.set_num_threads(threads)
+    # Training uses both cores: the policy waits for its readers between turns, and vLLM's CPU worker
+    # does not spin between requests.
+    url = world_reader_url
+    served = {"readers": url, "reader_model": str(READER_MODEL)}
+    rows = world_splits(0, N_EVAL, seed=0, docs_per_chunk=1)["heldout"]
+    # Prompt tokens the server has processed, read from its /metrics between the phases.
+    marks = [prefix_cache_counters(url)[0]]
+    before = _heldout_em(resolve_model(WORLD_MODEL), rows, served)
+    marks.append(prefix_cache_counters(url)[0])
+    cfg = load_config(
+        CONFIG,
+        {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": str(STEPS),
+            "seed": "0",
+            "world_docs_per_chunk": "1",
+            "share_prompt_prefix": "true",
+            **served,
+        },
+    )
+    train(cfg)
+    marks.append(prefix_cache_counters(url)[0])
+    after = _heldout_em(str(tmp_path / "run" / "final"), rows, served)
+    marks.append(prefix_cache_counters(url)[0])
     # Both evaluations and the training read through the server, not through a local fallback.
     assert all(later > earlier for earlier, later in itertools.pairwise(marks)), marks
     gain = {mode: 100 * (after[mode]["all"] - before[mode]["all"]) for mode in before}
