@@ -14,7 +14,9 @@ Thresholds, held-out exact match on ``N_EVAL`` questions after ``STEPS`` GRPO op
 exactly this setup and the current recipe (kept warm start built with episode-layout comparison drills,
 cosine rate to 1.4e-4 over the run's steps, KL 0.04) on 2 AVX512-BF16 EPYC cores (bf16 autocast, training
 on one torch thread beside the server, another job running): sampled 35% -> 82% (+48), greedy 0% -> 88%
-(+88). With the earlier recipe on a 2-core AVX2 EPYC (fp32): sampled 30% -> 57% (+27, the same figures in
+(+88). Since then training takes both cores and scores each question's prompt once
+(``share_prompt_prefix``): on 2 AVX2-only EPYC cores (fp32) sampled 35% -> 90% (+55), greedy 0% -> 95% (+95),
+4.8 minutes for the module with the server's start. With the earlier recipe on a 2-core AVX2 EPYC (fp32): sampled 30% -> 57% (+27, the same figures in
 two runs), greedy 0% -> 45% (+45); 6.4 minutes with the four evaluations, after the module's server start
 (1.3 minutes). The warm start's greedy policy always takes the decoy branch (0% on every held-out set
 measured), so the greedy gain is all learning; the warm start's own sampling noise on 40 questions is
