@@ -28,9 +28,10 @@
    interpreter ``.venv-vllm`` from ``scripts/setup_vllm_cpu.sh``, or ``--vllm-python``) on a free
    loopback port, and stopped at the end whatever happens (Ctrl-C and SIGTERM included); its log is
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
-   (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk and a
-   KL weight of 0.1 unless ``--set`` says otherwise (``SERVED_READER_RECIPE``); a rebuilt warm start
-   (no ``--reuse-warm-start``) is taught on the same chunking (`warm_start_settings`). Each seed also prints
+   (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk, a KL
+   weight of 0.1 and the shared prompt pass unless ``--set`` says otherwise (``SERVED_READER_RECIPE``); a
+   rebuilt warm start (no ``--reuse-warm-start``) is taught on the same chunking (`warm_start_settings`).
+   Each seed also prints
    what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95
    (ms, request issued to reply, the client's queueing included), vLLM's prefix-cache hit rate (token
    counters of the server's Prometheus ``/metrics`` read between the phases; the held-out evaluations'
@@ -131,8 +132,10 @@ SERVED_READER_TARGETS = {"target_sampled": 0.90, "target_greedy": 0.95, "grpo_s_
 # What a run through served readers changes unless ``--set`` says otherwise: one world document per
 # reader chunk (the served world reader reads one document without error and binds facts at chance where a
 # chunk holds two of one relation, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
-# one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did).
-SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1"}
+# one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did), and
+# GRPO's scoring pass with each prompt forwarded once (the same held-out figures as TRL's pass, GRPO 413 s
+# against 678 s on AVX2-only cores, docs/learning_check.md).
+SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1", "share_prompt_prefix": "true"}
 
 
 def setup_for(protocol: str, readers: str = "lexical") -> Setup:
