@@ -34,7 +34,7 @@ from trl.trainer.utils import add_fused_lm_head
 from coordrl.data.hmars_world import hmars_world_splits
 from coordrl.envs.chat import ChatCodec
 from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
-from coordrl.train.trainer import CoordGRPOTrainer
+from coordrl.train.trainer import CoordGRPOTrainer, new_prefix_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("good", "first_hop", "misrouted", "interpretation_only")
@@ -79,7 +79,7 @@ def main() -> None:
     # The scoring pass alone needs none of the trainer's state but these (no dataset, no environment).
     trainer = CoordGRPOTrainer.__new__(CoordGRPOTrainer)
     trainer.accelerator = Accelerator(cpu=True)
-    trainer.prefix_stats = {"shared_calls": 0, "tokens_forwarded": 0, "tokens_plain": 0}
+    trainer.prefix_stats = new_prefix_stats()
 
     def score(shared: bool) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
         trainer.share_prompt_prefix = shared

@@ -137,7 +137,7 @@ class CoordGRPOTrainer(GRPOTrainer):
         self.lockstep = lockstep
         self.mask_observations = mask_observations
         self.share_prompt_prefix = share_prompt_prefix
-        self.prefix_stats = {"shared_calls": 0, "tokens_forwarded": 0, "tokens_plain": 0}
+        self.prefix_stats = new_prefix_stats()
         self._in_tool_loop = False
         self._joining = False
         self.tool_loop_stats = {"batched_rounds": 0, "max_parallel_calls": 0, "generation_rounds": 0, "dummy_rounds": 0}
@@ -239,11 +239,12 @@ class CoordGRPOTrainer(GRPOTrainer):
         when nothing is shared, for multimodal or MoE aux-loss inputs, and under gradient
         checkpointing (recomputed layers would append to the cache twice).
         """
+        unwrapped = self.accelerator.unwrap_model(model)
         plain = (
             not self.share_prompt_prefix
             or kwargs.get("compute_aux_loss")
             or any(v is not None for k, v in kwargs.items() if k != "compute_aux_loss")
-            or _checkpointing(self.accelerator.unwrap_model(model))
+            or _checkpointing(unwrapped)
         )
         split = input_ids.size(1) - logits_to_keep - 1  # prompt tokens that go into the shared cache
         groups = (
@@ -254,7 +255,7 @@ class CoordGRPOTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
             )
         chunk = batch_size or input_ids.size(0)
-        cache_kwarg = _cache_kwarg(self.accelerator.unwrap_model(model))
+        cache_kwarg = _cache_kwarg(unwrapped)
         rows, logps, entropies = [], [], []
         for group in groups:
             head = group[:1]
@@ -293,6 +294,11 @@ class CoordGRPOTrainer(GRPOTrainer):
         self.prefix_stats["tokens_forwarded"] += len(groups) * split + input_ids.size(0) * (logits_to_keep + 1)
         self.prefix_stats["tokens_plain"] += input_ids.numel()
         return torch.cat(logps)[order], torch.cat(entropies)[order] if compute_entropy else None, None
+
+
+def new_prefix_stats() -> dict[str, int]:
+    """Counters of the shared-prefix pass: calls that shared, tokens forwarded, tokens TRL's pass would forward."""
+    return {"shared_calls": 0, "tokens_forwarded": 0, "tokens_plain": 0}
 
 
 def _cache_kwarg(model) -> str:
