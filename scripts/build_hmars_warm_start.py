@@ -141,10 +141,10 @@ def build(
             )
             # The shared system prompt + tool schema runs once at batch size 1; its cache serves the batch.
             cache = DynamicCache()
-            model(input_ids=prefix, past_key_values=cache, use_cache=True)
+            model(input_ids=prefix, cache=cache, use_cache=True)
             cache.batch_repeat_interleave(ids.size(0))
             pos = torch.arange(prefix_len, prefix_len + w).unsqueeze(0).expand(ids.size(0), -1)
-            logits = model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, :-1]
+            logits = model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True).logits[:, :-1]
             target, m = ids[:, 1:], mask[:, 1:]
             nll = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"

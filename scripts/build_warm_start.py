@@ -280,10 +280,10 @@ def _build(
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        model(input_ids=prefix, cache=cache, use_cache=True)
         cache.batch_repeat_interleave(ids.size(0))
         pos = torch.arange(prefix_len, prefix_len + ids.size(1)).unsqueeze(0).expand(ids.size(0), -1)
-        logits = model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, :-1]
+        logits = model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True).logits[:, :-1]
         return masked_nll(logits, ids, mask)
 
     def drill_loss(groups: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
