@@ -581,8 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         "configs/hmars_world_cpu.yaml; the no_mid and dispatch ablations are evaluated after GRPO)",
     )
     a = p.parse_args(argv)
-    if a.steps is None and a.readers == "vllm":
-        a.steps = SERVED_READER_STEPS
+    a.steps = default_steps(a.steps, a.readers)
     if a.protocol == "hmars" and (a.readers != "lexical" or a.ablations or a.ablations_only):
         p.error("--protocol hmars: --readers vllm and --ablations are PARSER's (HMARS runs its mode ablations itself)")
     if a.threads:
@@ -621,6 +620,11 @@ def main(argv: list[str] | None = None) -> int:
         if served is not None:
             served.group.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def default_steps(steps: int | None, readers: str) -> int | None:
+    """``--steps`` as given; unset, `SERVED_READER_STEPS` through served readers, else the config's (None)."""
+    return SERVED_READER_STEPS if steps is None and readers == "vllm" else steps
 
 
 def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[str, str]:

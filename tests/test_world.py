@@ -354,6 +354,10 @@ def test_learning_check_target_counts_a_collapse_after_step_50():
     assert check.served_overrides({}, server) == {**recipe, **server}
     assert check.served_overrides({"world_docs_per_chunk": "2", "readers": "x"}, server)["world_docs_per_chunk"] == "2"
     assert check.served_overrides({"readers": "x"}, server)["readers"] == server["readers"]
+    # 130 steps through served readers unless --steps says otherwise; the lexical check keeps the config's.
+    assert check.default_steps(None, "vllm") == 130
+    assert check.default_steps(100, "vllm") == 100
+    assert check.default_steps(None, "lexical") is None
     # One point every other optimizer step (num_iterations: 2), as the check logs them.
     steady = [{"step": s, "reward": 0.8} for s in range(2, 151, 2)]
     assert check.lowest_window_mean(steady) == pytest.approx(0.8)
