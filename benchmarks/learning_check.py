@@ -445,12 +445,11 @@ def fmt(ev: dict) -> str:
 def warm_start_record(warm: Path) -> dict:
     """Which warm start a record starts from: its folder, the weights' SHA-256 and the recipe its
     ``coordrl_warm_start.json`` states (everything but the loss history and the environment)."""
-    weights = warm / "model.safetensors"
     meta_file = warm / "coordrl_warm_start.json"
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     return {
         "path": str(warm.relative_to(ROOT)) if warm.is_relative_to(ROOT) else str(warm),
-        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else None,
+        "sha256": weights_sha256(warm),
         "recipe": {k: v for k, v in meta.items() if k not in ("history", "env")},
     }
 
@@ -633,10 +632,19 @@ def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[
     return {**SERVED_READER_RECIPE, **overrides, **server}
 
 
-def run_identity(a: argparse.Namespace, overrides: dict[str, str], warm_sha256: str | None) -> dict:
+def weights_sha256(folder: str | Path) -> str | None:
+    """SHA-256 of ``<folder>/model.safetensors`` (None where there is none): names the exact weights."""
+    weights = Path(folder) / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else None
+
+
+def run_identity(
+    a: argparse.Namespace, overrides: dict[str, str], warm_sha256: str | None, reader_sha256: str | None = None
+) -> dict:
     """What a seed's figures depend on, so that ``--resume`` only keeps seeds of the same run. The served
-    readers' URL is left out: a resumed run starts its own server on another port."""
-    return {
+    readers' URL is left out (a resumed run starts its own server on another port); the served reader's
+    weights are in (``reader_sha256``: a rebuilt reader gives other findings)."""
+    identity = {
         "protocol": a.protocol,
         "readers": a.readers,
         "steps": a.steps,
@@ -645,6 +653,9 @@ def run_identity(a: argparse.Namespace, overrides: dict[str, str], warm_sha256: 
         "warm_start_sha256": warm_sha256,
         "overrides": {k: v for k, v in sorted(overrides.items()) if k != "readers"},
     }
+    if reader_sha256 is not None:
+        identity["reader_sha256"] = reader_sha256
+    return identity
 
 
 def finished_seeds(record: Path, run: dict) -> dict[int, dict]:
@@ -739,13 +750,20 @@ def check(
         target["reward_floor"] = {"min_mean": setup.reward_floor, "after_step": FLOOR_AFTER, "window": FLOOR_WINDOW}
     results: dict = {"protocol": setup.protocol, "seeds": {}, "target": target, "overrides": overrides}
     results["warm_start"] = warm_start_record(warm)
-    results["run"] = run_identity(a, overrides, results["warm_start"]["sha256"])
+    reader_sha = weights_sha256(served.model) if served else None
+    results["run"] = run_identity(a, overrides, results["warm_start"]["sha256"], reader_sha)
     record = out / RECORD
     kept = finished_seeds(record, results["run"]) if a.resume else {}
     if record.exists() and not a.resume:
         print(f"{record} holds an earlier run: this run replaces it (--resume keeps its finished seeds)")
     if served:
-        results["readers"] = {"mode": "vllm", "model": served.model, "url": served.url, "log": str(served.log)}
+        results["readers"] = {
+            "mode": "vllm",
+            "model": served.model,
+            "sha256": reader_sha,
+            "url": served.url,
+            "log": str(served.log),
+        }
     curves: dict[int, list[dict]] = {}
     # Prefix-cache counters between the phases of a seed (served readers only).
     mark = served.counters if served else lambda: (0.0, 0.0)

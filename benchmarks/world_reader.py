@@ -17,10 +17,12 @@ model's chat template). Printed:
 --cpu`` does), asks the first ``--vllm-rows`` questions' prompts through `OpenAIReaderFleet`, prints the
 same figures, the share of replies identical to transformers' and the prefix-cache hit rate.
 
-``--docs-per-chunk 1`` asks about the same questions cut into one-document chunks
-(``world_docs_per_chunk: 1`` in training), where no chunk holds two facts of one relation.
+The chunks are cut as the model was built to read them (its recipe's ``docs_per_chunk``; the kept
+reader: one whole document per chunk, ``world_docs_per_chunk: 1`` in training); ``--docs-per-chunk 2``
+asks about the same questions cut into the world's default two-document chunks, where a chunk can
+hold two facts of one relation.
 
-    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--docs-per-chunk 2] [--vllm] [--vllm-rows 40] [--model DIR]
+    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--docs-per-chunk N] [--vllm] [--vllm-rows 40] [--model DIR]
 """
 
 from __future__ import annotations
@@ -114,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
-        "--docs-per-chunk", type=int, default=2, help="whole documents per reader chunk (default 2, the world's)"
+        "--docs-per-chunk",
+        type=int,
+        default=None,
+        help="whole documents per reader chunk (default: the chunking the model was built for, its recipe's docs_per_chunk)",
     )
     p.add_argument("--vllm", action="store_true", help="also measure through a vLLM CPU server (needs .venv-vllm)")
     p.add_argument("--vllm-rows", type=int, default=40, help="held-out questions asked through vLLM (default 40)")
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.rows <= n_heldout:
         print(f"world_reader: --rows must be in 1..{n_heldout}, got {a.rows}", file=sys.stderr)
         return 2
+    if a.docs_per_chunk is None:  # readers built before the field existed were built on two-document chunks
+        a.docs_per_chunk = meta["recipe"].get("docs_per_chunk", 2)
     if a.docs_per_chunk < 1:
         print(f"world_reader: --docs-per-chunk must be >= 1, got {a.docs_per_chunk}", file=sys.stderr)
         return 2

@@ -8,14 +8,19 @@ reader's form, e.g. ``"Nuvol: The film Nuvol was directed by Mefi and filmed in 
 chunk holds the asked fact, else exactly ``Unknown``; then ``<|im_end|>``.
 
 Data recipe (`coordrl.data.world_reader`): chunks of the world's training questions
-(``world_splits(n_train, n_heldout)``: held-out questions are drawn first and their chains never occur
-in training) and the three lead queries (``q_director``, ``q_city``, ``q_decade``). Every step asks
+(``world_splits(n_train, n_heldout, docs_per_chunk=docs_per_chunk)``: held-out questions are drawn
+first and their chains never occur in training) and the three lead queries (``q_director``, ``q_city``, ``q_decade``). Every step asks
 ``queries`` questions about each of ``chunks`` random chunks; each question is a positive with
 probability ``p_positive``, else a negative of kind ``hard`` (the entity is in the chunk, the asked
 fact is not: a film's director whose own document is elsewhere, a person's other fact), ``row`` (an
 entity of the same question, document in another chunk), ``absent`` (never mentioned) or
 ``wrong_type`` (an entity of the chunk in the wrong slot), drawn with ``negative_mix``. Facts are drawn
-afresh for every question, so nothing can be memorised: the model must read.
+afresh for every question, so nothing can be memorised: the model must read. ``docs_per_chunk``
+(default 1) is the chunking the model reads: one whole document per chunk, as model-served readers of
+the world are given (``world_docs_per_chunk: 1``). With two documents per chunk a reader must tell two
+sentences of one relation apart, which this 4-layer model does not learn (at chance however it is
+trained, docs/world_reader.md); ``p_contrast`` oversamples such chunks (default 0; no one-document chunk
+has two).
 
 Model: fine-tuned from ``init``, the kept world warm start (``scripts/build_warm_start.py``: Qwen3,
 hidden 256, 4 layers, 4 heads of 64, as vLLM's CPU attention needs, 2 KV heads, MLP 512, tied
@@ -53,15 +58,16 @@ from pathlib import Path
 
 import torch
 
+from coordrl.data.world_reader import META_NAME
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "src" / "coordrl" / "resources" / "world_reader"
-META_NAME = "coordrl_world_reader.json"
 
 # The recipe; the kept model's metadata records exactly these (a test checks they match).
 DEFAULTS: dict = {
     "seed": 0,
     "init": "src/coordrl/resources/warm_start",
-    "steps": 1000,
+    "steps": 900,
     "chunks": 16,
     "queries": 4,
     "lr": 1e-3,
@@ -69,10 +75,11 @@ DEFAULTS: dict = {
     "min_lr_frac": 0.05,
     "weight_decay": 0.01,
     "value_weight": 4.0,
-    "p_contrast": 0.5,
+    "p_contrast": 0.0,
     "n_train": 2000,
     "n_heldout": 200,
     "n_eval_rows": 20,
+    "docs_per_chunk": 1,
     "p_positive": 0.5,
     "negative_mix": {"hard": 0.45, "row": 0.2, "absent": 0.15, "wrong_type": 0.2},
 }
@@ -181,7 +188,7 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
     )
     tmp.mkdir(parents=True)
     world = make_world(0)
-    splits = world_splits(cfg["n_train"], cfg["n_heldout"], seed=0)
+    splits = world_splits(cfg["n_train"], cfg["n_heldout"], seed=0, docs_per_chunk=cfg["docs_per_chunk"])
     rng = random.Random(cfg["seed"])
     eos, pad_id = tok.eos_token_id, tok.pad_token_id
 
@@ -323,6 +330,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
     p.add_argument(
+        "--warmup", type=int, default=DEFAULTS["warmup"], help=f"warm-up steps (default {DEFAULTS['warmup']})"
+    )
+    p.add_argument(
+        "--docs-per-chunk",
+        type=int,
+        default=DEFAULTS["docs_per_chunk"],
+        help=f"whole world documents per reader chunk (default {DEFAULTS['docs_per_chunk']})",
+    )
+    p.add_argument(
+        "--p-contrast",
+        type=float,
+        default=DEFAULTS["p_contrast"],
+        help=f"share of chunks drawn among those with two facts of one relation (default {DEFAULTS['p_contrast']})",
+    )
+    p.add_argument(
         "--init",
         default=DEFAULTS["init"],
         help=f"model folder to fine-tune, relative to the repository (default {DEFAULTS['init']})",
@@ -332,8 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         "--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end"
     )
     a = p.parse_args(argv)
-    if min(a.steps, a.chunks, a.queries, a.threads) < 1:
-        p.error("--steps, --chunks, --queries and --threads must be positive")
+    if min(a.steps, a.chunks, a.queries, a.threads, a.docs_per_chunk, a.n_eval_rows) < 1:
+        p.error("--steps, --chunks, --queries, --threads, --docs-per-chunk and --n-eval-rows must be positive")
+    if a.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {a.warmup}")
+    if not 0.0 <= a.p_contrast <= 1.0:
+        p.error(f"--p-contrast must be in [0, 1], got {a.p_contrast}")
     overrides = {
         k: v
         for k, v in {
@@ -342,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             "chunks": a.chunks,
             "queries": a.queries,
             "lr": a.lr,
+            "warmup": a.warmup,
+            "docs_per_chunk": a.docs_per_chunk,
+            "p_contrast": a.p_contrast,
             "init": a.init,
             "n_eval_rows": a.n_eval_rows,
         }.items()

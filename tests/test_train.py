@@ -308,6 +308,26 @@ def test_train_closes_the_environment_factory_also_when_training_fails(tmp_path)
     assert closed == ["ParserEnvFactory"]
 
 
+def test_served_world_readers_warn_when_chunks_are_cut_otherwise_than_the_reader_reads(tmp_path, capsys):
+    # The kept world reader reads one document per chunk; given the world's default two it misreads
+    # most facts, so a run that serves it on two-document chunks is told which field to set.
+    from coordrl.data.world_reader import built_docs_per_chunk, world_reader_dir
+    from coordrl.train.config import CoordConfig
+    from coordrl.train.run import _dataset
+
+    reader = str(world_reader_dir())
+    assert built_docs_per_chunk(reader) == 1 and built_docs_per_chunk(tmp_path) is None
+    served = {"readers": "http://127.0.0.1:9", "reader_model": reader, "world_train_size": 8, "world_heldout_size": 2}
+    _dataset("world", CoordConfig(**served), tmp_path, "train")
+    err = capsys.readouterr().err
+    assert f"reader_model {reader} was built to read 1 world document(s) per chunk" in err
+    assert "world_docs_per_chunk is 2; set world_docs_per_chunk: 1" in err
+    _dataset("world", CoordConfig(**served, world_docs_per_chunk=1), tmp_path, "train")
+    _dataset("world", CoordConfig(**{**served, "readers": "lexical"}), tmp_path, "train")
+    _dataset("world", CoordConfig(**{**served, "reader_model": "some/hub-model"}), tmp_path, "train")
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_data_a_run_built_with_other_settings_is_rebuilt_not_reused(tmp_path, capsys):
     # The run folder's data/ survives --overwrite; a rerun with another world size used to train on the
     # old build without a word.

@@ -1,5 +1,6 @@
 """The synthetic multi-hop world (coordrl.data.world) and its tokenizer."""
 
+import hashlib
 import json
 
 import pytest
@@ -397,3 +398,21 @@ def test_learning_check_saves_each_seed_and_resumes_only_the_same_run(tmp_path, 
     assert final.stat().st_mtime_ns == trained_at  # not trained again
     again = json.loads((out / "learning_check.json").read_text())
     assert again["seeds"] == record["seeds"] and again["resumed_seeds"] == [0] and again["complete"]
+
+
+def test_learning_check_resume_refuses_seeds_read_by_another_reader_model(tmp_path):
+    # Served-reader seeds depend on the reader's weights: a rebuilt world reader gives other findings.
+    import argparse
+
+    check = load_script("benchmarks/learning_check.py")
+    a = argparse.Namespace(protocol="parser", readers="vllm", steps=130, minutes=None, eval_n=200)
+    (tmp_path / "model.safetensors").write_bytes(b"reader weights")
+    sha = check.weights_sha256(tmp_path)
+    assert sha == hashlib.sha256(b"reader weights").hexdigest() and check.weights_sha256(tmp_path / "none") is None
+    earlier = check.run_identity(a, {"readers": "http://127.0.0.1:1"}, "w" * 64, sha)
+    assert "readers" not in earlier["overrides"] and earlier["reader_sha256"] == sha
+    record = tmp_path / "learning_check.json"
+    record.write_text(json.dumps({"run": earlier, "seeds": {"2": {"steps": 130}}}))
+    assert list(check.finished_seeds(record, check.run_identity(a, {"readers": "http://127.0.0.1:2"}, "w" * 64, sha)))
+    with pytest.raises(SystemExit, match="reader_sha256"):
+        check.finished_seeds(record, check.run_identity(a, {}, "w" * 64, "r" * 64))

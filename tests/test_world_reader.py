@@ -133,3 +133,36 @@ def test_kept_model_answers_heldout_prompts(builder, heldout):
     examples = eval_examples(heldout[:3], make_world(0))
     figures = score_replies(examples, builder.greedy_replies(model, tok, examples))
     assert figures["positive_exact"] >= 0.8 and figures["negative_answered"] == 0.0, figures
+
+
+def test_builder_flags_become_the_recorded_recipe(builder, tmp_path):
+    # A two-step build on two-document chunks: the flags reach the data, the held-out check and the record.
+    out = tmp_path / "reader"
+    flags = ["--steps", "2", "--warmup", "1", "--chunks", "2", "--queries", "2", "--n-eval-rows", "1"]
+    assert builder.main(["--out", str(out), *flags, "--docs-per-chunk", "2", "--p-contrast", "0.5"]) == 0
+    meta = json.loads((out / builder.META_NAME).read_text())
+    assert meta["recipe"] == {
+        **builder.DEFAULTS,
+        "steps": 2,
+        "warmup": 1,
+        "chunks": 2,
+        "queries": 2,
+        "n_eval_rows": 1,
+        "docs_per_chunk": 2,
+        "p_contrast": 0.5,
+    }
+    two_doc = world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0, docs_per_chunk=2)
+    asked = meta["heldout"]["n_positive"] + meta["heldout"]["n_negative"]
+    assert asked == len(eval_examples(two_doc["heldout"][:1], make_world(0)))
+    assert (out / "model.safetensors").is_file() and not (tmp_path / "reader.building").exists()
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--docs-per-chunk", "0"), ("--p-contrast", "1.5"), ("--warmup", "-1"), ("--n-eval-rows", "0")],
+)
+def test_builder_rejects_bad_flags_by_name(builder, tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit):
+        builder.main(["--out", str(tmp_path / "never"), flag, value])
+    assert flag in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

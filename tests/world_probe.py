@@ -9,9 +9,12 @@ from coordrl.data.world_reader import eval_examples, world_reader_dir
 
 
 def kept_reader_heldout() -> list[dict]:
-    """The held-out world rows of the kept world reader's recipe (chains it never saw in training)."""
+    """The held-out world rows of the kept world reader's recipe (chains it never saw in training), cut
+    into the chunks it was built to read."""
     meta = json.loads((world_reader_dir() / "coordrl_world_reader.json").read_text())
-    return world_splits(meta["recipe"]["n_train"], meta["recipe"]["n_heldout"], seed=0)["heldout"]
+    recipe = meta["recipe"]
+    docs = recipe.get("docs_per_chunk", 2)  # readers built before the field existed read two
+    return world_splits(recipe["n_train"], recipe["n_heldout"], seed=0, docs_per_chunk=docs)["heldout"]
 
 
 def probe_examples(heldout: list[dict]) -> list:

@@ -22,6 +22,7 @@ Pure text, no model code: the builder, the benchmark and the tests share these d
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -32,9 +33,11 @@ from typing import Any
 from coordrl.data.world import World, q_city, q_decade, q_director
 
 __all__ = [
+    "META_NAME",
     "NEGATIVE_KINDS",
     "READER_UNKNOWN",
     "ReaderExample",
+    "built_docs_per_chunk",
     "chunk_examples",
     "chunk_facts",
     "eval_examples",
@@ -44,6 +47,7 @@ __all__ = [
 ]
 
 READER_UNKNOWN = "Unknown"
+META_NAME = "coordrl_world_reader.json"  # a world reader folder's recipe and figures
 NEGATIVE_KINDS = ("hard", "row", "absent", "wrong_type")
 QUERIES = {"director": q_director, "city": q_city, "decade": q_decade}
 
@@ -229,3 +233,15 @@ def score_replies(examples: list[ReaderExample], replies: list[str]) -> dict[str
 def world_reader_dir() -> Path:
     """The kept world reader model folder inside the package (``coordrl/resources/world_reader``)."""
     return Path(str(resources.files("coordrl").joinpath("resources", "world_reader")))
+
+
+def built_docs_per_chunk(model_dir: str | Path) -> int | None:
+    """The whole world documents per chunk a world reader model was built to read (its
+    ``coordrl_world_reader.json`` recipe), or None where ``model_dir`` is not a world reader folder
+    (a hub name, any other model). Readers built before the recipe named it read two."""
+    meta = Path(model_dir) / META_NAME
+    try:
+        recipe = json.loads(meta.read_text())["recipe"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(recipe.get("docs_per_chunk", 2))

@@ -30,6 +30,7 @@ from coordrl.data.hmars_world import HMARS_WORLD_ENV, build_hmars_world_dataset
 from coordrl.data.resources import shipped_path
 from coordrl.data.show import load_built
 from coordrl.data.world import build_world_dataset
+from coordrl.data.world_reader import built_docs_per_chunk
 from coordrl.envs.protocols import get_protocol
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN
 from coordrl.rollout.models import (
@@ -120,6 +121,7 @@ def _dataset(
         spec = str(folder)
     elif spec == "world":
         # The synthetic multi-hop world (coordrl.data.world): training chains, or the held-out ones.
+        _check_world_reader_chunking(coord)
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
         settings = {
             "world_train_size": coord.world_train_size,
@@ -176,6 +178,20 @@ def _dataset(
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
     protocol, system = get_protocol(coord.protocol), system_prompt_of(coord)
     return ds.map(lambda row: {"prompt": protocol.prompt(row["question"], system)}, desc=f"prompts ({split})")
+
+
+def _check_world_reader_chunking(coord: CoordConfig) -> None:
+    """Warn when served world readers get chunks cut otherwise than the reader model was built to read
+    (the kept world reader reads one document per chunk and misreads two-document chunks)."""
+    if coord.readers.strip() == "lexical" or not coord.reader_model:
+        return
+    built = built_docs_per_chunk(coord.reader_model)
+    if built is not None and built != coord.world_docs_per_chunk:
+        print(
+            f"warning: reader_model {coord.reader_model} was built to read {built} world document(s) per chunk, "
+            f"but world_docs_per_chunk is {coord.world_docs_per_chunk}; set world_docs_per_chunk: {built}",
+            file=sys.stderr,
+        )
 
 
 def _vocab_tag(tokenizer) -> str:
