@@ -6,12 +6,13 @@ One server for the module, started as ``coordrl serve-readers --cpu --model <wor
 (the same helper, the same CPU defaults). Training runs ``configs/world_cpu.yaml`` through `coordrl.train.run.train`
 with ``readers=<url>``, so every finding the policy learns from is a model reply received over HTTP;
 the held-out evaluation reads through the same server. One whole document per reader chunk
-(``world_docs_per_chunk=1``): the world reader is exact there, while on two-document chunks it binds
-a birth decade to the wrong person about half the time (docs/world_reader.md).
+(``world_docs_per_chunk=1``): the chunking the world reader was built to read, where it is exact on
+the held-out set (on two-document chunks it misreads most facts, docs/world_reader.md).
 
 Thresholds, held-out exact match on ``N_EVAL`` questions after ``STEPS`` GRPO optimizer steps:
 ``MIN_SAMPLED_GAIN`` points sampled (temperature 1) and ``MIN_GREEDY_GAIN`` points greedy. Measured with
-exactly this setup and the current recipe (kept warm start built with episode-layout comparison drills,
+exactly this setup with the earlier two-document world reader (read one document per chunk, where it
+was exact too) and the current recipe (kept warm start built with episode-layout comparison drills,
 cosine rate to 1.4e-4 over the run's steps, KL 0.04) on 2 AVX512-BF16 EPYC cores (bf16 autocast, training
 on one torch thread beside the server, another job running): sampled 35% -> 82% (+48), greedy 0% -> 88%
 (+88). Since then training takes both cores and scores each question's prompt once
