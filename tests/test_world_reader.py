@@ -98,8 +98,9 @@ def test_kept_model_matches_the_builders_recipe(builder, meta):
     assert not list(folder.glob("*.bin")) and (folder / "model.safetensors").is_file()
     config = json.loads((folder / "config.json").read_text())
     assert config["head_dim"] == 64  # vLLM's CPU attention rejects smaller heads
-    # Figures against the targets are the benchmark's job (benchmarks/world_reader.py); here: it reads at all.
-    assert meta["heldout"]["positive_exact"] >= 0.8 and meta["heldout"]["negative_answered"] <= 0.03
+    # The builder's own held-out check (its first 20 questions) against the targets; all 200 are the
+    # benchmark's (benchmarks/world_reader.py).
+    assert meta["heldout"]["positive_exact"] >= 0.97 and meta["heldout"]["negative_answered"] <= 0.03
 
 
 def test_kept_model_answers_heldout_prompts(builder, heldout):
@@ -132,7 +133,7 @@ def test_kept_model_answers_heldout_prompts(builder, heldout):
             assert reply == READER_UNKNOWN, (e.query, reply)
     examples = eval_examples(heldout[:3], make_world(0))
     figures = score_replies(examples, builder.greedy_replies(model, tok, examples))
-    assert figures["positive_exact"] >= 0.8 and figures["negative_answered"] == 0.0, figures
+    assert figures["positive_exact"] >= 0.97 and figures["negative_answered"] == 0.0, figures
 
 
 def test_builder_flags_become_the_recorded_recipe(builder, tmp_path):

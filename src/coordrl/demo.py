@@ -3,7 +3,7 @@
 Part 1, learning: start from the kept warm start (a tiny Qwen3 taught the tool protocol on
 the synthetic multi-hop world, `coordrl.data.world`), evaluate it on held-out questions, train it
 with GRPO through `coordrl train` (`configs/world_cpu.yaml` with training questions padded to mixed
-lengths, `TRAIN_DOCS`; reward printed as it rises), evaluate again, measure accuracy against
+lengths, `TRAIN_DOCS`, and the shared prompt pass; reward printed as it rises), evaluate again, measure accuracy against
 document length (8 to 1,024 documents per question) for the trained policy, the warm start and the
 one-round mapreduce baseline, export the policy and answer a held-out
 question with it through the inference API.
@@ -96,12 +96,18 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     print(_em_table({"warm start": before}))
 
     train_docs = ", ".join(map(str, TRAIN_DOCS))
-    _rule(3, f"GRPO through coordrl train, configs/world_cpu.yaml --world_train_docs [{train_docs}], {steps} steps")
+    _rule(
+        3,
+        f"GRPO through coordrl train, configs/world_cpu.yaml --world_train_docs [{train_docs}] --share_prompt_prefix true, {steps} steps",
+    )
     run_dir = out / "grpo"
     overrides = {
         "output_dir": str(run_dir),
         "max_steps": str(steps),
         "world_train_docs": f"[{train_docs}]",
+        # Each question's prompt forwarded once for its rollouts in the scoring pass: the same log-probs
+        # within float rounding, a cheaper step (docs/training.md).
+        "share_prompt_prefix": "true",
         "disable_tqdm": "true",
     }
     cfg = load_config(CONFIGS / "world_cpu.yaml", overrides)
