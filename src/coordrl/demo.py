@@ -44,7 +44,7 @@ def _rule(step: int, title: str) -> None:
 
 def run_demo(out: Path, workers: int = 1, world_steps: int = 120, world_eval: int = 60) -> int:
     """Run both parts; ``world_steps`` GRPO optimizer steps on the world (fixed work, so the result does not
-    depend on the machine's speed; 5.3 minutes on 2 idle AVX512-BF16 cores), ``world_eval`` held-out
+    depend on the machine's speed; 4.7 minutes on 2 idle AVX2-only cores with the shared prompt pass), ``world_eval`` held-out
     questions evaluated."""
     t0 = time.perf_counter()
     out = Path(out)
