@@ -130,8 +130,8 @@ SETUPS = {
 # more than a lexical one, so GRPO gets 10 minutes per seed, and the bar is sampled >= 90%, greedy >= 95%.
 SERVED_READER_TARGETS = {"target_sampled": 0.90, "target_greedy": 0.95, "grpo_s_target": 600}
 # What a run through served readers changes unless ``--set`` says otherwise: one world document per
-# reader chunk (the served world reader reads one document without error and binds facts at chance where a
-# chunk holds two of one relation, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
+# reader chunk (the chunking the kept world reader is built for and reads without error on the held-out
+# set; two-document chunks it misreads, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
 # one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did), and
 # GRPO's scoring pass with each prompt forwarded once (the same held-out figures as TRL's pass, GRPO 413 s
 # against 678 s on AVX2-only cores, docs/learning_check.md).

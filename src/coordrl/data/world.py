@@ -208,7 +208,8 @@ def make_question(
     length sweep asks the same questions of longer and longer documents. ``docs_per_chunk``: whole
     documents per reader chunk (default 2); only the ``chunks`` / ``chunk_documents`` columns
     depend on it. With 1, no chunk holds two facts of one relation, so a reader never has to tell
-    two same-shaped sentences apart (what the kept world reader model cannot do).
+    two same-shaped sentences apart (what a 4-layer world reader does not learn; the kept one is built
+    for one document per chunk).
     """
     used_decades: set[int] = set()
     if qtype == "bridge":
