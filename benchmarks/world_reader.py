@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coordrl.data.world import make_world, world_splits
-    from coordrl.data.world_reader import eval_examples, score_replies, world_reader_dir
+    from coordrl.data.world_reader import META_NAME, eval_examples, score_replies, world_reader_dir
 
     model_dir = Path(a.model) if a.model else world_reader_dir()
-    meta_path = model_dir / "coordrl_world_reader.json"
+    meta_path = model_dir / META_NAME
     if not meta_path.is_file():
         print(
             f"world_reader: no {meta_path.name} in {model_dir}; build it with scripts/build_world_reader.py",
