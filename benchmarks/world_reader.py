@@ -130,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coordrl.data.world import make_world, world_splits
-    from coordrl.data.world_reader import META_NAME, eval_examples, score_replies, world_reader_dir
+    from coordrl.data.world_reader import (
+        META_NAME,
+        built_docs_per_chunk,
+        eval_examples,
+        score_replies,
+        world_reader_dir,
+    )
 
     model_dir = Path(a.model) if a.model else world_reader_dir()
     meta_path = model_dir / META_NAME
@@ -145,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.rows <= n_heldout:
         print(f"world_reader: --rows must be in 1..{n_heldout}, got {a.rows}", file=sys.stderr)
         return 2
-    if a.docs_per_chunk is None:  # readers built before the field existed were built on two-document chunks
-        a.docs_per_chunk = meta["recipe"].get("docs_per_chunk", 2)
+    if a.docs_per_chunk is None:
+        a.docs_per_chunk = built_docs_per_chunk(model_dir)
     if a.docs_per_chunk < 1:
         print(f"world_reader: --docs-per-chunk must be >= 1, got {a.docs_per_chunk}", file=sys.stderr)
         return 2

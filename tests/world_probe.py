@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 from coordrl.data.world import make_world, world_splits
-from coordrl.data.world_reader import eval_examples, world_reader_dir
+from coordrl.data.world_reader import META_NAME, built_docs_per_chunk, eval_examples, world_reader_dir
 
 
 def kept_reader_heldout() -> list[dict]:
     """The held-out world rows of the kept world reader's recipe (chains it never saw in training), cut
     into the chunks it was built to read."""
-    meta = json.loads((world_reader_dir() / "coordrl_world_reader.json").read_text())
-    recipe = meta["recipe"]
-    docs = recipe.get("docs_per_chunk", 2)  # readers built before the field existed read two
+    recipe = json.loads((world_reader_dir() / META_NAME).read_text())["recipe"]
+    docs = built_docs_per_chunk(world_reader_dir())
     return world_splits(recipe["n_train"], recipe["n_heldout"], seed=0, docs_per_chunk=docs)["heldout"]
 
 
