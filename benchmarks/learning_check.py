@@ -134,8 +134,15 @@ SERVED_READER_TARGETS = {"target_sampled": 0.90, "target_greedy": 0.95, "grpo_s_
 # set; two-document chunks it misreads, docs/world_reader.md), and a KL weight of 0.1 instead of 0.04 (at 0.04
 # one seed of three collapsed on bridge questions at step 20 and never came back; at 0.1 none did), and
 # GRPO's scoring pass with each prompt forwarded once (the same held-out figures as TRL's pass, GRPO 413 s
-# against 678 s on AVX2-only cores, docs/learning_check.md).
-SERVED_READER_RECIPE = {"world_docs_per_chunk": "1", "beta": "0.1", "share_prompt_prefix": "true"}
+# against 678 s on AVX2-only cores, docs/learning_check.md), and each generation call with the prefix its
+# rows share (system prompt, tool schema) forwarded once (the same sampled completions, about 1.6x faster
+# calls, benchmarks/generation_prefix.py).
+SERVED_READER_RECIPE = {
+    "world_docs_per_chunk": "1",
+    "beta": "0.1",
+    "share_prompt_prefix": "true",
+    "share_generation_prefix": "true",
+}
 # GRPO steps per seed through served readers unless ``--steps`` says otherwise: at 100 one seed of three
 # stayed 3 points short of the bar; 130 met it on all three within 10 minutes on AVX2-only cores (534-577 s).
 SERVED_READER_STEPS = 130

@@ -13,7 +13,7 @@ import torch
 from coordrl.testing import scripted_trainer_class
 from coordrl.train.config import load_config
 from coordrl.train.run import build_trainer
-from coordrl.train.trainer import CoordGRPOTrainer, _prompt_groups
+from coordrl.train.trainer import CoordGRPOTrainer, _prompt_groups, new_prefix_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny_cpu.yaml"
@@ -119,3 +119,78 @@ def test_grpo_steps_with_the_shared_prefix_give_trls_loss_and_entropy(tmp_path):
         # The entropy is the policy's over the completions: a wrong row, position or label would move it.
         assert b[1] > 0.1 and all(map(math.isfinite, a))
         assert abs(a[0] - b[0]) <= 1e-5 and abs(a[1] - b[1]) <= 1e-4 * b[1], logged
+
+
+def _turn_rows(vocab: int, seed: int = 0) -> list[list[int]]:
+    """What one generation call of the tool loop gets: rows that all start with the same 40 tokens (system
+    prompt and tool schema), then two questions' tails, some rows grown by a completion and a tool result."""
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(5, vocab, (40,), generator=g).tolist()
+    tails = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (6, 9)]
+    grown = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (0, 3, 11, 0)]
+    return [head + tails[r % 2] + grown[r % 4] for r in range(8)]
+
+
+def test_shared_generation_prefix_gives_trls_completions(tmp_path):
+    trainer = build_trainer(_cfg(tmp_path, "run", share_generation_prefix="true"))
+    model = trainer.model
+    rows = _turn_rows(model.config.vocab_size)
+
+    def generate(shared: bool, sample: bool):
+        trainer.share_generation_prefix = shared
+        trainer.generation_config.do_sample = sample
+        torch.manual_seed(7)
+        completions, _ = trainer._backend_generate(rows, None, {}, num_generations=4)
+        assert "generate" not in model.__dict__  # the call's own generate is gone after it
+        return completions
+
+    for sample in (False, True):
+        before = dict(trainer.prefix_stats)
+        plain = generate(False, sample)
+        assert trainer.prefix_stats == before  # TRL's own generation
+        assert generate(True, sample) == plain
+        assert len({len(c) for c in plain}) > 1 or plain[0]  # something was generated
+    stats = trainer.prefix_stats
+    assert stats["generation_calls"] == 2
+    assert stats["generation_prefill"] == 2 * (40 + sum(len(r) - 40 for r in rows))
+    assert stats["generation_prefill_plain"] == 2 * len(rows) * max(len(r) for r in rows)
+
+
+def test_common_prefix_scores_match_and_short_prefixes_fall_back(tmp_path):
+    from transformers import GenerationConfig
+
+    from coordrl.train.trainer import MIN_COMMON_PREFIX, _common_prefix_generate
+
+    trainer = build_trainer(_cfg(tmp_path, "run"))
+    model, pad = trainer.model, trainer.processing_class.pad_token_id
+    rows = _turn_rows(model.config.vocab_size, seed=1)
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=False, pad_token_id=pad, output_scores=True, return_dict_in_generate=True
+    )
+    plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    stats = new_prefix_stats()
+    with _common_prefix_generate(model, stats):
+        shared = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    assert stats["generation_calls"] == 1
+    assert torch.equal(shared.sequences[:, width:], plain.sequences[:, width:])
+    for a, b in zip(shared.scores, plain.scores, strict=True):
+        assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+    # Rows that share fewer than MIN_COMMON_PREFIX tokens are generated as TRL generates them.
+    short = ids.clone()
+    short[0, width - len(rows[0]) + MIN_COMMON_PREFIX - 1] = (
+        short[1, width - len(rows[1]) + MIN_COMMON_PREFIX - 1] + 1
+    ) % 5 + 5
+    with _common_prefix_generate(model, stats):
+        model.generate(input_ids=short, attention_mask=mask, generation_config=config)
+    assert stats["generation_calls"] == 1
+
+
+def test_grpo_step_generates_from_the_common_prefix(tmp_path):
+    trainer = build_trainer(_cfg(tmp_path, "run", share_generation_prefix="true", max_steps=1))
+    trainer.train()
+    # Every generation call of the step (first turn and tool rounds) started from the shared prefix.
+    assert trainer.prefix_stats["generation_calls"] >= 1
+    assert trainer.prefix_stats["generation_prefill"] < trainer.prefix_stats["generation_prefill_plain"] / 2

@@ -351,7 +351,12 @@ def test_learning_check_target_counts_a_collapse_after_step_50():
     assert served.reward_floor == check.REWARD_FLOOR
     # The served readers' recipe applies unless the user sets it; the server's URL always wins.
     server = {"readers": "http://127.0.0.1:1", "reader_model": "m"}
-    recipe = {"world_docs_per_chunk": "1", "beta": "0.1", "share_prompt_prefix": "true"}
+    recipe = {
+        "world_docs_per_chunk": "1",
+        "beta": "0.1",
+        "share_prompt_prefix": "true",
+        "share_generation_prefix": "true",
+    }
     assert check.served_overrides({}, server) == {**recipe, **server}
     assert check.served_overrides({"world_docs_per_chunk": "2", "readers": "x"}, server)["world_docs_per_chunk"] == "2"
     assert check.served_overrides({"readers": "x"}, server)["readers"] == server["readers"]

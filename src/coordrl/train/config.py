@@ -67,6 +67,10 @@ class CoordConfig(ParserEnvConfig):
             cache shared (`coordrl.train.trainer.CoordGRPOTrainer`); log-probs equal TRL's within float
             rounding, so off by default to keep existing runs' numerics. Worth it when prompts are long
             against completions (the HMARS mid-agent's regional memory).
+        share_generation_prefix: with transformers generation (no vLLM), forward the prefix every row of a
+            generation call shares (system prompt, tool schema) once and start each row from its KV cache
+            (`coordrl.train.trainer.CoordGRPOTrainer`); the same tokens as TRL's generation up to float
+            rounding, so off by default to keep existing runs' samples.
         traces: write JSONL rollout traces to ``<output_dir>/traces/``.
         model_params: parameter count for ``--dry-run`` when the model's config.json is not local.
         reader_gpus: GPUs dedicated to reader servers (for ``--dry-run`` and ``scripts/launch_grpo.sh``).
@@ -96,6 +100,7 @@ class CoordConfig(ParserEnvConfig):
     mask_observations: bool = True
     lockstep: bool = True
     share_prompt_prefix: bool = False
+    share_generation_prefix: bool = False
     traces: bool = True
     model_params: float | None = None
     reader_gpus: int = 0

@@ -336,6 +336,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
         mask_observations=cfg.coord.mask_observations,
         lockstep=cfg.coord.lockstep,
         share_prompt_prefix=cfg.coord.share_prompt_prefix,
+        share_generation_prefix=cfg.coord.share_generation_prefix,
     )
     # The factory owns the frozen roles' connection pools and caches: `train` closes it when the run
     # ends (TRL keeps no handle on it).

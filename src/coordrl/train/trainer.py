@@ -1,4 +1,4 @@
-"""`CoordGRPOTrainer`: TRL 1.16's GRPOTrainer with three gaps closed, and nothing else changed.
+"""`CoordGRPOTrainer`: TRL 1.16's GRPOTrainer with four gaps closed, and nothing else changed.
 
 TRL does the loss, tool-token masking, vLLM generation and importance-sampling correction. This
 subclass overrides three internals, narrowly (``tests/test_trl_contract.py`` fails loudly if their
@@ -19,11 +19,16 @@ shape changes in a TRL release):
    back-propagated once per rollout. Here each distinct prompt is forwarded once, its KV cache is
    repeated over the group's rows, and only the completions are forwarded per row (see
    `CoordGRPOTrainer._get_per_token_logps_and_entropies`).
+4. **Shared generation prefix** (opt-in, ``share_generation_prefix``). With transformers generation
+   (no vLLM), every generation call of the tool loop left-pads its rows and prefills each whole, though
+   they all start with the same system prompt and tool schema. Here the common prefix is forwarded once
+   and its KV cache starts every row's generation (see `_generate_from_common_prefix`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +126,8 @@ class CoordGRPOTrainer(GRPOTrainer):
             an ablation only: the policy is then also trained on text it did not generate.
         share_prompt_prefix: forward each distinct prompt once per scoring pass instead of once per
             rollout (default False; see `_get_per_token_logps_and_entropies`).
+        share_generation_prefix: in transformers generation, forward the prefix common to every row of a
+            generation call once instead of once per row (default False; see `_generate_from_common_prefix`).
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
@@ -131,12 +138,14 @@ class CoordGRPOTrainer(GRPOTrainer):
         lockstep: bool = True,
         mask_observations: bool = True,
         share_prompt_prefix: bool = False,
+        share_generation_prefix: bool = False,
         **kwargs: Any,
     ) -> None:
         self.tool_concurrency = tool_concurrency
         self.lockstep = lockstep
         self.mask_observations = mask_observations
         self.share_prompt_prefix = share_prompt_prefix
+        self.share_generation_prefix = share_generation_prefix
         self.prefix_stats = new_prefix_stats()
         self._in_tool_loop = False
         self._joining = False
@@ -198,7 +207,20 @@ class CoordGRPOTrainer(GRPOTrainer):
 
     def _backend_generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generator (vLLM or transformers); the one seam tests replace with scripted ids."""
-        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        shared = (
+            self.share_generation_prefix
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and not self._is_vlm
+            and not images
+            and not multimodal_fields
+            and self.generation_config.cache_implementation is None
+        )
+        context = _common_prefix_generate(self.accelerator.unwrap_model(self.model), self.prefix_stats)
+        with context if shared else contextlib.nullcontext():
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
 
     def _join_remaining_rounds(self, prompt_ids) -> None:
         if not self._lockstep_on():
@@ -297,8 +319,93 @@ class CoordGRPOTrainer(GRPOTrainer):
 
 
 def new_prefix_stats() -> dict[str, int]:
-    """Counters of the shared-prefix pass: calls that shared, tokens forwarded, tokens TRL's pass would forward."""
-    return {"shared_calls": 0, "tokens_forwarded": 0, "tokens_plain": 0}
+    """Counters of the shared-prefix passes. Scoring: calls that shared, tokens forwarded, tokens TRL's pass
+    would forward. Generation: calls that started from a common prefix, tokens prefilled, tokens TRL's
+    left-padded prefill would forward."""
+    return {
+        "shared_calls": 0,
+        "tokens_forwarded": 0,
+        "tokens_plain": 0,
+        "generation_calls": 0,
+        "generation_prefill": 0,
+        "generation_prefill_plain": 0,
+    }
+
+
+# Below this many common tokens a generation call prefills as TRL does: the saving would not pay for the
+# extra forward.
+MIN_COMMON_PREFIX = 16
+
+
+@contextlib.contextmanager
+def _common_prefix_generate(model, stats: dict[str, int]):
+    """While open, ``model.generate`` starts from the prefix its rows share (`_generate_from_common_prefix`)."""
+    plain = model.generate
+    own = model.__dict__.get("generate")
+
+    def generate(*args: Any, **kwargs: Any):
+        return _generate_from_common_prefix(model, plain, stats, *args, **kwargs)
+
+    model.generate = generate
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.generate
+        else:
+            model.generate = own
+
+
+def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[str, int], *args: Any, **kwargs: Any):
+    """``plain(input_ids=..., attention_mask=..., **rest)`` with the rows' common prefix forwarded once.
+
+    ``input_ids`` and ``attention_mask`` are ``(B, T)``, left-padded as TRL pads them. Every row's real
+    tokens start with the same ``L`` tokens (the system prompt and tool schema). That prefix is forwarded
+    once (batch 1) into a KV cache repeated over the ``B`` rows; each row is laid out as the prefix, its
+    padding, then the rest of its tokens, so the prefix fills cache slots ``0..L-1`` in every row and
+    generation prefills only the ``T - L`` slots after them. The attention mask hides the moved padding
+    and generation derives positions from it, so every token keeps the position and the context it has
+    in the left-padded batch: the same computation up to float rounding (GEMMs of other shapes), and
+    greedy decoding gives the same tokens (tested). Output: ``(B, T + new)`` as ``plain`` returns it, the
+    completions after column ``T``.
+
+    Cost: ``L + B (T - L)`` prefill tokens instead of ``B T``. The PARSER world's calls (16 rows, about
+    450 common tokens of 470-900): about 2.5-8x fewer prefill tokens per call.
+
+    Anything else (positional arguments, a cache, other inputs, fewer than `MIN_COMMON_PREFIX` common
+    tokens) goes to ``plain`` unchanged.
+    """
+    input_ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+    extra = set(kwargs) - {"input_ids", "attention_mask", "generation_config"}
+    if args or extra or input_ids is None or mask is None or input_ids.dim() != 2:
+        return plain(*args, **kwargs)
+    rows = [ids[m.bool()] for ids, m in zip(input_ids, mask, strict=True)]
+    common = min(len(r) for r in rows) - 1  # every row keeps a token to prefill
+    for row in rows[1:]:
+        differ = (row[:common] != rows[0][:common]).nonzero()
+        if len(differ):
+            common = int(differ[0])
+    if common < MIN_COMMON_PREFIX:
+        return plain(*args, **kwargs)
+    batch, width = input_ids.shape
+    ids, layout = input_ids.clone(), torch.zeros_like(mask)
+    for i, row in enumerate(rows):
+        start = width - (len(row) - common)  # where the row's own tokens resume, right-aligned as before
+        ids[i, :common] = row[:common]
+        ids[i, common:start] = input_ids[i, 0]  # the row's own pad value, hidden by the mask
+        ids[i, start:] = row[common:]
+        layout[i, :common] = 1
+        layout[i, start:] = 1
+    with torch.no_grad():
+        prefix = model(input_ids=rows[0][None, :common], use_cache=True, logits_to_keep=1)
+    cache = DynamicCache()
+    for i, layer in enumerate(_cache_of(prefix).layers):
+        cache.update(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1), i)
+    stats["generation_calls"] += 1
+    stats["generation_prefill"] += common + sum(len(r) - common for r in rows)
+    stats["generation_prefill_plain"] += input_ids.numel()
+    rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+    return plain(input_ids=ids, attention_mask=layout, **rest, **{_cache_kwarg(model): cache})
 
 
 def _cache_kwarg(model) -> str:
