@@ -356,7 +356,10 @@ def reader_figures(meter: CallMeter, steps: int, step_s: float, marks: list[Coun
     return {
         "calls": m["calls"],
         "failed_calls": m["failures"],
+        # Calls answered by an identical request already in flight (greedy readers): not sent.
+        "coalesced_calls": m["coalesced"],
         "calls_per_step": m["calls"] / steps if steps else 0.0,
+        "sent_per_step": (m["calls"] - m["coalesced"]) / steps if steps else 0.0,
         "latency_p50_ms": m["latency_p50_ms"],
         "latency_p95_ms": m["latency_p95_ms"],
         "prefix_cache_hit_rate": hit_rate((marks[1], marks[2])),
@@ -374,7 +377,8 @@ def fmt_readers(r: dict) -> str:
 
     return (
         f"  served readers in GRPO: {r['calls_per_step']:.1f} calls per step ({r['calls']} calls, "
-        f"{r['failed_calls']} failed); latency p50 {r['latency_p50_ms']:.0f} ms, p95 {r['latency_p95_ms']:.0f} ms\n"
+        f"{r['failed_calls']} failed), {r.get('sent_per_step', r['calls_per_step']):.1f} sent to the server "
+        f"({r.get('coalesced_calls', 0)} answered by an identical request in flight); latency p50 {r['latency_p50_ms']:.0f} ms, p95 {r['latency_p95_ms']:.0f} ms\n"
         f"  prefix cache hit rate {pct(r['prefix_cache_hit_rate'])} (held-out evaluation "
         f"{pct(r['heldout_prefix_cache_hit_rate'])}); waiting on readers {pct(r['wait_share'])} of step time "
         f"({r['wait_s']:.0f}s of {r['step_s']:.0f}s)"

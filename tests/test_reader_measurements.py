@@ -92,6 +92,7 @@ def test_no_meter_by_default_and_an_empty_meter_reads_zero():
     assert CallMeter().summary() == {
         "calls": 0,
         "failures": 0,
+        "coalesced": 0,
         "busy_s": 0.0,
         "latency_p50_ms": 0.0,
         "latency_p95_ms": 0.0,

@@ -28,6 +28,7 @@ import os
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -139,6 +140,14 @@ class _Slots:
         self._free += 1
 
 
+@dataclass
+class _Flight:
+    """A request in flight and how many callers wait for it."""
+
+    task: asyncio.Future
+    waiters: int = 0
+
+
 class ChatCompletionsClient:
     """Chat completions from OpenAI-compatible replicas: routing, pooling, deadlines, retries.
 
@@ -163,6 +172,13 @@ class ChatCompletionsClient:
 
     ``meter`` (default None) may be set to a :class:`~coordrl.readers.meter.CallMeter` to count the
     requests, their latencies and the time some request was in flight.
+
+    ``coalesce`` (default True): while a request is in flight, an identical one (same replica, same
+    body bytes) waits for its reply instead of being sent again, when decoding is greedy
+    (``temperature`` 0, in the fields or ``extra_body``), so that both replies would be the same. The
+    ``num_generations`` rollouts of a GRPO group often ask the same query of the same chunk in the
+    same round: the server computes it once. Each caller still gets its own result (its own latency);
+    the meter counts every call and how many were answered this way.
     """
 
     def __init__(
@@ -178,6 +194,7 @@ class ChatCompletionsClient:
         max_tokens: int = 512,
         temperature: float = 0.0,
         extra_body: Mapping[str, Any] | None = None,
+        coalesce: bool = True,
     ) -> None:
         if not urls:
             raise ValueError(f"{type(self).__name__} needs at least one server URL")
@@ -195,6 +212,8 @@ class ChatCompletionsClient:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.extra_body = dict(extra_body or {})
+        self.coalesce = coalesce
+        self._flights: dict[tuple[int, bytes], _Flight] = {}
         # Parsed once, not per request: a broadcast fans out to thousands of readers.
         self._endpoints = [yarl.URL(u + "/v1/chat/completions") for u in self.urls]
         # Created lazily: a session binds to the event loop that first uses it.
@@ -240,32 +259,71 @@ class ChatCompletionsClient:
         """POST the encoded chat body ``payload`` to ``key``'s replica; the reply text, think block removed.
 
         Never raises for a server failure: after the retries the result has ``ok=False`` and the
-        last error.
+        last error. An identical request already in flight answers this one too (``coalesce``).
         """
         session, slots = await self._ensure_session()
         n = len(self._endpoints)
-        endpoint = self._endpoints[replica_index(key, n) if n > 1 else 0]
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        index = replica_index(key, n) if n > 1 else 0
         start = time.perf_counter()
+        meter = self.meter
+        if meter is not None:
+            meter.begin()
+        outcome, joined = None, False
+        try:
+            if self.coalesce and self._greedy():
+                outcome, joined = await self._shared_post(index, payload, session, slots)
+            else:
+                outcome = await self._post(index, payload, session, slots)
+        finally:
+            latency = time.perf_counter() - start
+            if meter is not None:  # a cancelled request leaves the in-flight count too
+                meter.end(latency, ok=outcome is not None and outcome.ok, coalesced=joined)
+        if not outcome.ok:
+            return ReaderResult(text="", ok=False, error=outcome.error, latency_s=latency, attempts=outcome.attempts)
+        text = _THINK_BLOCK.sub("", outcome.value or "", count=1).strip()
+        return ReaderResult(text=text, latency_s=latency, attempts=outcome.attempts)
+
+    def _greedy(self) -> bool:
+        """Whether every request is decoded greedily, so identical requests get identical replies."""
+        return self.extra_body.get("temperature", self.temperature) == 0
+
+    async def _post(self, index: int, payload: bytes, session: aiohttp.ClientSession, slots: _Slots):
+        """The request with its retries: the retry policy's outcome."""
+        endpoint = self._endpoints[index]
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
 
         async def attempt() -> str:
             async with slots:  # held for the attempt only, not for the backoff before a retry
                 return await self._attempt(session, endpoint, payload, timeout)
 
-        meter = self.meter
-        if meter is not None:
-            meter.begin()
-        outcome = None
+        return await self.retry_policy.arun(attempt)
+
+    async def _shared_post(self, index: int, payload: bytes, session: aiohttp.ClientSession, slots: _Slots):
+        """:meth:`_post`, joined to an identical request in flight if there is one: ``(outcome, joined)``.
+
+        The request runs as a task that its callers await through ``asyncio.shield``, so a cancelled
+        caller does not cancel it for the others; when the last caller is cancelled the task is
+        cancelled too and forgotten, so no request outlives everyone who asked for it.
+        """
+        key = (index, payload)
+        flight = self._flights.get(key)
+        joined = flight is not None
+        if flight is None:
+            flight = _Flight(asyncio.ensure_future(self._post(index, payload, session, slots)))
+            self._flights[key] = flight
+            flight.task.add_done_callback(lambda _task: self._forget(key, flight))
+        flight.waiters += 1
         try:
-            outcome = await self.retry_policy.arun(attempt)
+            return await asyncio.shield(flight.task), joined
         finally:
-            latency = time.perf_counter() - start
-            if meter is not None:  # a cancelled request leaves the in-flight count too
-                meter.end(latency, ok=outcome is not None and outcome.ok)
-        if not outcome.ok:
-            return ReaderResult(text="", ok=False, error=outcome.error, latency_s=latency, attempts=outcome.attempts)
-        text = _THINK_BLOCK.sub("", outcome.value or "", count=1).strip()
-        return ReaderResult(text=text, latency_s=latency, attempts=outcome.attempts)
+            flight.waiters -= 1
+            if flight.waiters == 0 and not flight.task.done():
+                flight.task.cancel()
+                self._forget(key, flight)
+
+    def _forget(self, key: tuple[int, bytes], flight: _Flight) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
 
     async def _attempt(
         self, session: aiohttp.ClientSession, endpoint: yarl.URL, payload: bytes, timeout: aiohttp.ClientTimeout

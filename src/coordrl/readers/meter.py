@@ -29,6 +29,7 @@ class CallMeter:
 
     calls: int = 0
     failures: int = 0
+    coalesced: int = 0
     latencies_s: list[float] = field(default_factory=list)
     busy_s: float = 0.0
     _in_flight: int = 0
@@ -40,21 +41,26 @@ class CallMeter:
             self._busy_since = time.perf_counter()
         self._in_flight += 1
 
-    def end(self, latency_s: float, ok: bool = True) -> None:
-        """A request ended (answered, failed after its retries, or cancelled: ``ok`` False)."""
+    def end(self, latency_s: float, ok: bool = True, coalesced: bool = False) -> None:
+        """A request ended (answered, failed after its retries, or cancelled: ``ok`` False); ``coalesced``:
+        it was answered by an identical request already in flight, not sent itself."""
         self._in_flight -= 1
         if self._in_flight == 0:
             self.busy_s += time.perf_counter() - self._busy_since
         self.calls += 1
         self.failures += not ok
+        self.coalesced += coalesced
         self.latencies_s.append(latency_s)
 
     def summary(self) -> dict[str, float | int]:
-        """``calls``, ``failures``, ``busy_s`` and the nearest-rank latency percentiles in ms (0 without calls)."""
+        """``calls``, ``failures``, ``coalesced`` (calls answered by an identical request in flight; the server
+        received ``calls - coalesced``), ``busy_s`` and the nearest-rank latency percentiles in ms (0 without
+        calls)."""
         lat = self.latencies_s
         return {
             "calls": self.calls,
             "failures": self.failures,
+            "coalesced": self.coalesced,
             "busy_s": self.busy_s,
             "latency_p50_ms": 1000 * nearest_rank_percentile(lat, 50) if lat else 0.0,
             "latency_p95_ms": 1000 * nearest_rank_percentile(lat, 95) if lat else 0.0,
