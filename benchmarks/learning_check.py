@@ -144,7 +144,8 @@ SERVED_READER_RECIPE = {
     "share_generation_prefix": "true",
 }
 # GRPO steps per seed through served readers unless ``--steps`` says otherwise: at 100 one seed of three
-# stayed 3 points short of the bar; 130 met it on all three within 10 minutes on AVX2-only cores (534-577 s).
+# stayed 3 points short of the bar; 130 met it on all three within 10 minutes on AVX2-only cores (534-608 s
+# before the generation calls' shared prefix and coalesced reader requests, docs/learning_check.md).
 SERVED_READER_STEPS = 130
 
 
