@@ -17,7 +17,6 @@ Target: both calls together at least 1.5x faster, the same completions.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -29,14 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from bench_setup import batch_parser, load_policy
+from transformers import GenerationConfig
 
 from coordrl.data.world import world_splits
 from coordrl.envs.chat import ChatCodec
 from coordrl.rollout.world import demo_ids, make_env_factory
 from coordrl.train.trainer import _common_prefix_generate, new_prefix_stats
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def turn_rows(tok, questions: int, generations: int) -> list[list[list[int]]]:
@@ -61,16 +59,9 @@ def turn_rows(tok, questions: int, generations: int) -> list[list[list[int]]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--questions", type=int, default=2, help="prompts per batch (default 2, the CPU config's)")
-    ap.add_argument("--generations", type=int, default=8, help="rollouts per prompt (default 8)")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    folder = ROOT / "src" / "coordrl" / "resources" / "warm_start"
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True, dtype=torch.float32).eval()
+    a = batch_parser(__doc__).parse_args()
+    tok, model = load_policy("warm_start", a.threads)
+    model.eval()
     pad = tok.pad_token_id
     config = GenerationConfig(
         max_new_tokens=48,

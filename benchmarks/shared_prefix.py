@@ -16,7 +16,6 @@ Target: the shared pass at least 2x faster on the HMARS world batch, log-probs w
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from bench_setup import batch_parser, load_policy
 from trl.trainer.utils import add_fused_lm_head
 
 from coordrl.data.hmars_world import hmars_world_splits
@@ -36,7 +35,6 @@ from coordrl.envs.chat import ChatCodec
 from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
 from coordrl.train.trainer import CoordGRPOTrainer, new_prefix_stats
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("good", "first_hop", "misrouted", "interpretation_only")
 
 
@@ -62,16 +60,8 @@ def rollouts(tok, questions: int, generations: int) -> tuple[torch.Tensor, torch
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--questions", type=int, default=2, help="prompts per batch (default 2, the CPU config's)")
-    ap.add_argument("--generations", type=int, default=8, help="rollouts per prompt (default 8)")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    folder = ROOT / "src" / "coordrl" / "resources" / "hmars_warm_start"
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True, dtype=torch.float32)
+    a = batch_parser(__doc__).parse_args()
+    tok, model = load_policy("hmars_warm_start", a.threads)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids, mask, comp = rollouts(tok, a.questions, a.generations)
     live = mask[:, -comp:].bool()
