@@ -22,7 +22,9 @@ shape changes in a TRL release):
 4. **Shared generation prefix** (opt-in, ``share_generation_prefix``). With transformers generation
    (no vLLM), every generation call of the tool loop left-pads its rows and prefills each whole, though
    they all start with the same system prompt and tool schema. Here the common prefix is forwarded once
-   and its KV cache starts every row's generation (see `_generate_from_common_prefix`).
+   and its KV cache starts every row's generation (see `_generate_from_common_prefix`). No further TRL
+   internal is overridden: while TRL's transformers path runs, the model's ``generate`` is wrapped, and
+   ``tests/test_shared_prefix.py`` fails if a real GRPO step stops reaching the wrapper.
 """
 
 from __future__ import annotations
@@ -216,8 +218,8 @@ class CoordGRPOTrainer(GRPOTrainer):
             and not multimodal_fields
             and self.generation_config.cache_implementation is None
         )
-        context = _common_prefix_generate(self.accelerator.unwrap_model(self.model), self.prefix_stats)
-        with context if shared else contextlib.nullcontext():
+        model = self.accelerator.unwrap_model(self.model)
+        with _common_prefix_generate(model, self.prefix_stats) if shared else contextlib.nullcontext():
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
