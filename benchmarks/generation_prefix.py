@@ -1,7 +1,8 @@
 """The tool loop's generation calls with the rows' common prefix forwarded once, against TRL's own call.
 
 The calls are the PARSER world's as ``coordrl train --config configs/world_cpu.yaml`` makes them with
-transformers generation: 16 rows (8 rollouts of each of 2 training questions) of the kept world warm
+transformers generation (``--world hmars``: the HMARS world's, ``configs/hmars_world_cpu.yaml``, with its
+kept warm start and scripted ``good`` / ``first_hop`` broadcasts, `coordrl.rollout.hmars_world.hmars_demo_ids`): 16 rows (8 rollouts of each of 2 training questions) of the kept world warm
 start, each rendered exactly as TRL renders a rollout (`coordrl.rollout.world.demo_ids`: the prompt with
 TRL's template, then each assistant turn and tool round). Call 1 gets the prompts; call 2 the rows of
 the rollouts that called the tool, grown by their first turn and its tool result. Each call is run
@@ -10,7 +11,8 @@ left-padded as TRL runs it (``model.generate``, sampled at temperature 1, 48 new
 threads and sampling seed. Prints prefill tokens, seconds per call (median of ``--repeats``), the ratio,
 and whether the sampled completions are identical.
 
-    python benchmarks/generation_prefix.py [--threads 2] [--repeats 3] [--questions 2] [--generations 8]
+    python benchmarks/generation_prefix.py [--world parser|hmars] [--threads 2] [--repeats 3] [--questions 2]
+        [--generations 8]
 
 Target: both calls together at least 1.5x faster, the same completions.
 """
@@ -31,20 +33,32 @@ import torch
 from bench_setup import batch_parser, load_policy
 from transformers import GenerationConfig
 
+from coordrl.data.hmars_world import hmars_world_splits
 from coordrl.data.world import world_splits
 from coordrl.envs.chat import ChatCodec
+from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
 from coordrl.rollout.world import demo_ids, make_env_factory
 from coordrl.train.trainer import _common_prefix_generate, new_prefix_stats
 
 
-def turn_rows(tok, questions: int, generations: int) -> list[list[list[int]]]:
+def turn_rows(tok, world: str, questions: int, generations: int) -> list[list[list[int]]]:
     """Per generation call of the tool loop, its rows: every rollout's ids up to the start of that
     assistant turn (rollouts that end earlier drop out, as in TRL's loop)."""
     codec = ChatCodec(tok)
-    factory = make_env_factory(tok)
-    try:
+    if world == "hmars":
+        factory = make_hmars_env_factory(tok)
+        rows = hmars_world_splits(questions, 1, seed=0, tokenizer=tok)["train"]
+    else:
+        factory = make_env_factory(tok)
         rows = world_splits(questions, 1, seed=0)["train"]
-        episodes = [demo_ids(row, g % 2 == 0, codec, factory) for row in rows for g in range(generations)]
+    try:
+        episodes = [
+            hmars_demo_ids(row, "good" if g % 2 == 0 else "first_hop", codec, factory)
+            if world == "hmars"
+            else demo_ids(row, g % 2 == 0, codec, factory)
+            for row in rows
+            for g in range(generations)
+        ]
     finally:
         factory.close()
     calls: list[list[list[int]]] = []
@@ -59,8 +73,10 @@ def turn_rows(tok, questions: int, generations: int) -> list[list[list[int]]]:
 
 
 def main() -> None:
-    a = batch_parser(__doc__).parse_args()
-    tok, model = load_policy("warm_start", a.threads)
+    p = batch_parser(__doc__)
+    p.add_argument("--world", choices=("parser", "hmars"), default="parser")
+    a = p.parse_args()
+    tok, model = load_policy("hmars_warm_start" if a.world == "hmars" else "warm_start", a.threads)
     model.eval()
     pad = tok.pad_token_id
     config = GenerationConfig(
@@ -83,7 +99,7 @@ def main() -> None:
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         return time.perf_counter() - t0, out[:, width:].tolist()
 
-    calls = turn_rows(tok, a.questions, a.generations)
+    calls = turn_rows(tok, a.world, a.questions, a.generations)
     total = {False: 0.0, True: 0.0}
     same = True
     for k, rows in enumerate(calls, start=1):

@@ -152,7 +152,8 @@ def test_shared_generation_prefix_gives_trls_completions(tmp_path):
         assert len({len(c) for c in plain}) > 1 or plain[0]  # something was generated
     stats = trainer.prefix_stats
     assert stats["generation_calls"] == 2
-    assert stats["generation_prefill"] == 2 * (40 + sum(len(r) - 40 for r in rows))
+    # Rows 2 and 6 are equal past the head (17 tokens): the first 16 of them are forwarded once.
+    assert stats["generation_prefill"] == 2 * (40 + sum(len(r) - 40 for r in rows) - 16)
     assert stats["generation_prefill_plain"] == 2 * len(rows) * max(len(r) for r in rows)
 
 
@@ -186,6 +187,42 @@ def test_common_prefix_scores_match_and_short_prefixes_fall_back(tmp_path):
     with _common_prefix_generate(model, stats):
         model.generate(input_ids=short, attention_mask=mask, generation_config=config)
     assert stats["generation_calls"] == 1
+
+
+def test_grouped_rows_share_their_prompt_and_generate_trls_completions(tmp_path):
+    """GRPO's rows: each question's prompt repeated over its rollouts (first call), then grown by
+    different completions and tool results (a tool round). Each question's prompt is forwarded once."""
+    from transformers import GenerationConfig
+
+    from coordrl.train.trainer import _common_prefix_generate
+
+    trainer = build_trainer(_cfg(tmp_path, "run"))
+    model, pad = trainer.model, trainer.processing_class.pad_token_id
+    g = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    head = torch.randint(5, vocab, (40,), generator=g).tolist()
+    questions = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (30, 21)]
+    grown = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (0, 5, 17, 2)]
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=False, pad_token_id=pad, output_scores=True, return_dict_in_generate=True
+    )
+    for tool_round in (False, True):
+        rows = [head + questions[r // 4] + (grown[r % 4] if tool_round else []) for r in range(8)]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        stats = new_prefix_stats()
+        with _common_prefix_generate(model, stats):
+            shared = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        assert torch.equal(shared.sequences, plain.sequences)
+        for a, b in zip(shared.scores, plain.scores, strict=True):
+            assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+        # The head once, each question's prompt once (but its last token: the group's first row is the bare
+        # prompt, which keeps a token to prefill), then each row's own tokens.
+        own = sum(1 + (len(grown[r % 4]) if tool_round else 0) for r in range(8))
+        assert stats["generation_prefill"] == 40 + sum(len(q) - 1 for q in questions) + own
+        assert stats["generation_prefill_plain"] == ids.numel()
 
 
 def test_grpo_step_generates_from_the_common_prefix(tmp_path):

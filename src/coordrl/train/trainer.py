@@ -21,8 +21,9 @@ shape changes in a TRL release):
    `CoordGRPOTrainer._get_per_token_logps_and_entropies`).
 4. **Shared generation prefix** (opt-in, ``share_generation_prefix``). With transformers generation
    (no vLLM), every generation call of the tool loop left-pads its rows and prefills each whole, though
-   they all start with the same system prompt and tool schema. Here the common prefix is forwarded once
-   and its KV cache starts every row's generation (see `_generate_from_common_prefix`). No further TRL
+   they all start with the same system prompt and tool schema, and a question's rollouts with the same
+   prompt. Here the prefix all rows share and each group's shared prompt are forwarded once, and their KV
+   cache starts every row's generation (see `_generate_from_common_prefix`). No further TRL
    internal is overridden: while TRL's transformers path runs, the model's ``generate`` is wrapped, and
    ``tests/test_shared_prefix.py`` fails if a real GRPO step stops reaching the wrapper.
 """
@@ -359,20 +360,27 @@ def _common_prefix_generate(model, stats: dict[str, int]):
 
 
 def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[str, int], *args: Any, **kwargs: Any):
-    """``plain(input_ids=..., attention_mask=..., **rest)`` with the rows' common prefix forwarded once.
+    """``plain(input_ids=..., attention_mask=..., **rest)`` with the prefixes its rows share forwarded once.
 
-    ``input_ids`` and ``attention_mask`` are ``(B, T)``, left-padded as TRL pads them. Every row's real
-    tokens start with the same ``L`` tokens (the system prompt and tool schema). That prefix is forwarded
-    once (batch 1) into a KV cache repeated over the ``B`` rows; each row is laid out as the prefix, its
-    padding, then the rest of its tokens, so the prefix fills cache slots ``0..L-1`` in every row and
-    generation prefills only the ``T - L`` slots after them. The attention mask hides the moved padding
-    and generation derives positions from it, so every token keeps the position and the context it has
-    in the left-padded batch: the same computation up to float rounding (GEMMs of other shapes), and
-    greedy decoding gives the same tokens (tested). Output: ``(B, T + new)`` as ``plain`` returns it, the
-    completions after column ``T``.
+    ``input_ids`` and ``attention_mask`` are ``(B, T)``, left-padded as TRL pads them. Two levels of
+    sharing:
 
-    Cost: ``L + B (T - L)`` prefill tokens instead of ``B T``. The PARSER world's calls (16 rows, about
-    450 common tokens of 470-900): about 2.5-8x fewer prefill tokens per call.
+    - every row's real tokens start with the same ``L`` tokens (the system prompt and tool schema):
+      forwarded once, batch 1;
+    - past them, rows fall into groups that share ``G_g`` more tokens (a question's prompt: GRPO repeats
+      it over ``num_generations`` rows, and tool rounds only append to it; `_row_groups`): each group's
+      segment is forwarded once, batch ``U`` (the number of groups), on the common prefix's cache.
+
+    The cache is then repeated over the rows and generation prefills only what is left of each row. Row
+    layout: the common prefix, padding, the group's segment, padding, the row's rest; the attention mask
+    hides the padding and generation derives positions from it, so every token keeps the position and
+    context it has in the left-padded batch: the same computation up to float rounding (GEMMs of other
+    shapes), and greedy decoding gives the same tokens (tested). Output: as ``plain`` returns it, the
+    rows' original ``(B, T)`` prompt ids followed by their completions.
+
+    Cost: ``L + sum_g G_g + sum_i (n_i - L - G_(g_i))`` prefill tokens instead of ``B T``. The PARSER
+    world's calls (16 rows, about 450 common tokens of 470-900): 2.5-8x fewer; the HMARS world's first
+    call (16 rows of two 1,270-token prompts): about 20,000 -> 2,000.
 
     Anything else (positional arguments, a cache, other inputs, fewer than `MIN_COMMON_PREFIX` common
     tokens) goes to ``plain`` unchanged.
@@ -384,30 +392,93 @@ def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[s
     rows = [ids[m.bool()] for ids, m in zip(input_ids, mask, strict=True)]
     common = min(len(r) for r in rows) - 1  # every row keeps a token to prefill
     for row in rows[1:]:
-        differ = (row[:common] != rows[0][:common]).nonzero()
-        if len(differ):
-            common = int(differ[0])
+        common = min(common, _shared_len(row, rows[0], common))
     if common < MIN_COMMON_PREFIX:
         return plain(*args, **kwargs)
-    batch, width = input_ids.shape
-    ids, layout = input_ids.clone(), torch.zeros_like(mask)
-    for i, row in enumerate(rows):
-        start = width - (len(row) - common)  # where the row's own tokens resume, right-aligned as before
-        ids[i, :common] = row[:common]
-        ids[i, common:start] = input_ids[i, 0]  # the row's own pad value, hidden by the mask
-        ids[i, start:] = row[common:]
-        layout[i, :common] = 1
-        layout[i, start:] = 1
+    tails = [r[common:] for r in rows]
+    groups, seg = _row_groups(tails)
+    batch, n_groups = len(rows), len(groups)
+    seg_width = max(seg)
+    rest_width = max(len(tails[i]) - seg[g] for g, members in enumerate(groups) for i in members)
+    width = common + seg_width + rest_width
+    ids = torch.zeros((batch, width), dtype=input_ids.dtype, device=input_ids.device)
+    layout = torch.zeros((batch, width), dtype=mask.dtype, device=mask.device)
+    row_group = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
+    for g, members in enumerate(groups):
+        n = seg[g]
+        for i in members:
+            tail = tails[i]
+            ids[i] = input_ids[i, 0]  # the row's own pad value, hidden by the mask
+            ids[i, :common] = rows[i][:common]
+            ids[i, common + seg_width - n : common + seg_width] = tail[:n]
+            ids[i, width - (len(tail) - n) :] = tail[n:]
+            layout[i, :common] = 1
+            layout[i, common + seg_width - n : common + seg_width] = 1
+            layout[i, width - (len(tail) - n) :] = 1
+            row_group[i] = g
+    cache_kwarg = _cache_kwarg(model)
     with torch.no_grad():
         prefix = model(input_ids=rows[0][None, :common], use_cache=True, logits_to_keep=1)
-    cache = DynamicCache()
-    for i, layer in enumerate(_cache_of(prefix).layers):
-        cache.update(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1), i)
+        cache = DynamicCache()
+        for i, layer in enumerate(_cache_of(prefix).layers):
+            cache.update(layer.keys.expand(n_groups, -1, -1, -1), layer.values.expand(n_groups, -1, -1, -1), i)
+        if seg_width:
+            firsts = [members[0] for members in groups]
+            seg_mask = layout[firsts, : common + seg_width]
+            positions = (seg_mask.cumsum(-1) - 1).clamp(min=0)[:, common:]
+            model(
+                input_ids=ids[firsts, common : common + seg_width],
+                attention_mask=seg_mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kwarg: cache},
+            )
+        rows_cache = DynamicCache()
+        for i, layer in enumerate(cache.layers):
+            rows_cache.update(layer.keys.index_select(0, row_group), layer.values.index_select(0, row_group), i)
     stats["generation_calls"] += 1
-    stats["generation_prefill"] += common + sum(len(r) - common for r in rows)
+    stats["generation_prefill"] += (
+        common + sum(seg) + sum(len(t) for t in tails) - sum(seg[g] * len(members) for g, members in enumerate(groups))
+    )
     stats["generation_prefill_plain"] += input_ids.numel()
     rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
-    return plain(input_ids=ids, attention_mask=layout, **rest, **{_cache_kwarg(model): cache})
+    out = plain(input_ids=ids, attention_mask=layout, **rest, **{cache_kwarg: rows_cache})
+    # Callers slice completions after the prompt width they passed, so the original prompt goes back in.
+    if isinstance(out, torch.Tensor):
+        return torch.cat([input_ids, out[:, width:]], dim=1)
+    out.sequences = torch.cat([input_ids, out.sequences[:, width:]], dim=1)
+    return out
+
+
+def _shared_len(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    n = min(limit, len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
+
+
+def _row_groups(tails: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
+    """Rows grouped by a shared start of at least `MIN_COMMON_PREFIX` tokens, and each group's segment
+    length (the tokens all its rows share; every row keeps at least one token after it).
+
+    A row joins the group whose first row it shares most with; a row alone in its group puts all but its
+    last token in the segment (forwarded once either way)."""
+    groups: list[list[int]] = []
+    seg: list[int] = []
+    for i, tail in enumerate(tails):
+        best, best_len = None, 0
+        for g, members in enumerate(groups):
+            n = _shared_len(tail, tails[members[0]], min(seg[g], len(tail) - 1))
+            if n > best_len:
+                best, best_len = g, n
+        if best is not None and best_len >= MIN_COMMON_PREFIX:
+            groups[best].append(i)
+            seg[best] = best_len
+        else:
+            groups.append([i])
+            seg.append(len(tail) - 1)
+    return groups, seg
 
 
 def _cache_kwarg(model) -> str:
