@@ -1,12 +1,13 @@
-"""The tool loop's generation calls with the rows' common prefix forwarded once, against TRL's own call.
+"""The tool loop's generation calls with the prefixes their rows share forwarded once, against TRL's own call.
 
 The calls are the PARSER world's as ``coordrl train --config configs/world_cpu.yaml`` makes them with
-transformers generation (``--world hmars``: the HMARS world's, ``configs/hmars_world_cpu.yaml``, with its
-kept warm start and scripted ``good`` / ``first_hop`` broadcasts, `coordrl.rollout.hmars_world.hmars_demo_ids`): 16 rows (8 rollouts of each of 2 training questions) of the kept world warm
-start, each rendered exactly as TRL renders a rollout (`coordrl.rollout.world.demo_ids`: the prompt with
-TRL's template, then each assistant turn and tool round). Call 1 gets the prompts; call 2 the rows of
-the rollouts that called the tool, grown by their first turn and its tool result. Each call is run
-left-padded as TRL runs it (``model.generate``, sampled at temperature 1, 48 new tokens) with
+transformers generation, or with ``--world hmars`` the HMARS world's (``configs/hmars_world_cpu.yaml``,
+its kept warm start, scripted ``good`` / ``first_hop`` broadcasts,
+`coordrl.rollout.hmars_world.hmars_demo_ids`): 16 rows (8 rollouts of each of 2 training questions) of
+the kept warm start, each rendered exactly as TRL renders a rollout (`coordrl.rollout.world.demo_ids`:
+the prompt with TRL's template, then each assistant turn and tool round). Call 1 gets the prompts; call 2
+the rows of the rollouts that called the tool, grown by their first turn and its tool result. Each call
+is run left-padded as TRL runs it (``model.generate``, sampled at temperature 1, 48 new tokens) with
 ``share_generation_prefix`` off and on (`coordrl.train.trainer._common_prefix_generate`), same weights,
 threads and sampling seed. Prints prefill tokens, seconds per call (median of ``--repeats``), the ratio,
 and whether the sampled completions are identical.
@@ -48,17 +49,18 @@ def turn_rows(tok, world: str, questions: int, generations: int) -> list[list[li
     if world == "hmars":
         factory = make_hmars_env_factory(tok)
         rows = hmars_world_splits(questions, 1, seed=0, tokenizer=tok)["train"]
+
+        def episode(row, g):
+            return hmars_demo_ids(row, "good" if g % 2 == 0 else "first_hop", codec, factory)
     else:
         factory = make_env_factory(tok)
         rows = world_splits(questions, 1, seed=0)["train"]
+
+        def episode(row, g):
+            return demo_ids(row, g % 2 == 0, codec, factory)
+
     try:
-        episodes = [
-            hmars_demo_ids(row, "good" if g % 2 == 0 else "first_hop", codec, factory)
-            if world == "hmars"
-            else demo_ids(row, g % 2 == 0, codec, factory)
-            for row in rows
-            for g in range(generations)
-        ]
+        episodes = [episode(row, g) for row in rows for g in range(generations)]
     finally:
         factory.close()
     calls: list[list[list[int]]] = []

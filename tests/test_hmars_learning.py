@@ -14,8 +14,8 @@ lexical writer's entity names stopped at line breaks, 24 steps) on a 2-core Xeon
 +0.108. With ``share_prompt_prefix`` (on in the config since; the scoring pass forwards each question's
 prompt once) the same figures to the third digit on 2 AVX2-only EPYC cores, 158 s of GRPO and 4.3 minutes
 for the test; with ``share_generation_prefix`` too (generation forwards each question's prompt once) the
-same figures to the digit, 2.75 minutes for the test. Noise without learning, measured with the previous warm start: its reward over sampling seeds
-0-5 on the same 60 questions spanned 0.562-0.679 (stdev 0.045). So 0.10 is well under the measured gain
+same figures to the digit, 2.75 minutes for the test. Noise without learning, measured with the previous
+warm start: its reward over sampling seeds 0-5 on the same 60 questions spanned 0.562-0.679 (stdev 0.045). So 0.10 is well under the measured gain
 and more than twice the noise: a broken reward, loss mask, tool loop or observation fails it; seed luck
 does not.
 

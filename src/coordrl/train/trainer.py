@@ -392,7 +392,7 @@ def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[s
     rows = [ids[m.bool()] for ids, m in zip(input_ids, mask, strict=True)]
     common = min(len(r) for r in rows) - 1  # every row keeps a token to prefill
     for row in rows[1:]:
-        common = min(common, _shared_len(row, rows[0], common))
+        common = _shared_len(row, rows[0], common)
     if common < MIN_COMMON_PREFIX:
         return plain(*args, **kwargs)
     tails = [r[common:] for r in rows]
@@ -404,18 +404,17 @@ def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[s
     ids = torch.zeros((batch, width), dtype=input_ids.dtype, device=input_ids.device)
     layout = torch.zeros((batch, width), dtype=mask.dtype, device=mask.device)
     row_group = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
+    prefill = common + sum(seg)
     for g, members in enumerate(groups):
         n = seg[g]
         for i in members:
             tail = tails[i]
+            segment, own = slice(common + seg_width - n, common + seg_width), slice(width - (len(tail) - n), None)
             ids[i] = input_ids[i, 0]  # the row's own pad value, hidden by the mask
-            ids[i, :common] = rows[i][:common]
-            ids[i, common + seg_width - n : common + seg_width] = tail[:n]
-            ids[i, width - (len(tail) - n) :] = tail[n:]
-            layout[i, :common] = 1
-            layout[i, common + seg_width - n : common + seg_width] = 1
-            layout[i, width - (len(tail) - n) :] = 1
+            ids[i, :common], ids[i, segment], ids[i, own] = rows[i][:common], tail[:n], tail[n:]
+            layout[i, :common] = layout[i, segment] = layout[i, own] = 1
             row_group[i] = g
+            prefill += len(tail) - n
     cache_kwarg = _cache_kwarg(model)
     with torch.no_grad():
         prefix = model(input_ids=rows[0][None, :common], use_cache=True, logits_to_keep=1)
@@ -438,9 +437,7 @@ def _generate_from_common_prefix(model, plain: Callable[..., Any], stats: dict[s
         for i, layer in enumerate(cache.layers):
             rows_cache.update(layer.keys.index_select(0, row_group), layer.values.index_select(0, row_group), i)
     stats["generation_calls"] += 1
-    stats["generation_prefill"] += (
-        common + sum(seg) + sum(len(t) for t in tails) - sum(seg[g] * len(members) for g, members in enumerate(groups))
-    )
+    stats["generation_prefill"] += prefill
     stats["generation_prefill_plain"] += input_ids.numel()
     rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
     out = plain(input_ids=ids, attention_mask=layout, **rest, **{cache_kwarg: rows_cache})
