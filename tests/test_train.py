@@ -313,18 +313,20 @@ def test_served_world_readers_warn_when_chunks_are_cut_otherwise_than_the_reader
     # most facts, so a run that serves it on two-document chunks is told which field to set.
     from coordrl.data.world_reader import built_docs_per_chunk, world_reader_dir
     from coordrl.train.config import CoordConfig
-    from coordrl.train.run import _dataset
+    from coordrl.train.run import _datasets
 
     reader = str(world_reader_dir())
     assert built_docs_per_chunk(reader) == 1 and built_docs_per_chunk(tmp_path) is None
-    served = {"readers": "http://127.0.0.1:9", "reader_model": reader, "world_train_size": 8, "world_heldout_size": 2}
-    _dataset("world", CoordConfig(**served), tmp_path, "train")
+    small = {"world_train_size": 8, "world_heldout_size": 2, "train_data": "world", "eval_data": "world"}
+    served = {"readers": "http://127.0.0.1:9", "reader_model": reader, **small}
+    _datasets(CoordConfig(**served), tmp_path)
     err = capsys.readouterr().err
-    assert f"reader_model {reader} was built to read 1 world document(s) per chunk" in err
+    # Said once per run, though both splits are world splits.
+    assert err.count(f"reader_model {reader} was built to read 1 world document(s) per chunk") == 1
     assert "world_docs_per_chunk is 2; set world_docs_per_chunk: 1" in err
-    _dataset("world", CoordConfig(**served, world_docs_per_chunk=1), tmp_path, "train")
-    _dataset("world", CoordConfig(**{**served, "readers": "lexical"}), tmp_path, "train")
-    _dataset("world", CoordConfig(**{**served, "reader_model": "some/hub-model"}), tmp_path, "train")
+    _datasets(CoordConfig(**served, world_docs_per_chunk=1), tmp_path)
+    _datasets(CoordConfig(**{**served, "readers": "lexical"}), tmp_path)
+    _datasets(CoordConfig(**{**served, "reader_model": "some/hub-model"}), tmp_path)
     assert "warning" not in capsys.readouterr().err
 
 

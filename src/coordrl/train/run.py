@@ -121,7 +121,6 @@ def _dataset(
         spec = str(folder)
     elif spec == "world":
         # The synthetic multi-hop world (coordrl.data.world): training chains, or the held-out ones.
-        _check_world_reader_chunking(coord)
         root = output_dir / "data" / f"world-seed{coord.seed_data}"
         settings = {
             "world_train_size": coord.world_train_size,
@@ -178,6 +177,16 @@ def _dataset(
     ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
     protocol, system = get_protocol(coord.protocol), system_prompt_of(coord)
     return ds.map(lambda row: {"prompt": protocol.prompt(row["question"], system)}, desc=f"prompts ({split})")
+
+
+def _datasets(coord: CoordConfig, output_dir: Path, tokenizer=None) -> tuple[Any, Any]:
+    """The training and evaluation datasets (`_dataset`), after one check of the served world
+    readers' chunking (once per run, not once per split)."""
+    if "world" in (coord.train_data, coord.eval_data):
+        _check_world_reader_chunking(coord)
+    train_ds = _dataset(coord.train_data, coord, output_dir, "train", tokenizer=tokenizer)
+    eval_ds = _dataset(coord.eval_data, coord, output_dir, "eval", coord.eval_samples, tokenizer=tokenizer)
+    return train_ds, eval_ds
 
 
 def _check_world_reader_chunking(coord: CoordConfig) -> None:
@@ -309,10 +318,7 @@ def build_trainer(cfg: TrainConfig, *, trainer_cls: type | None = None, fleet=No
 
     # Rank 0 builds an on-the-fly dataset; the other ranks wait and then read it.
     with PartialState().main_process_first():
-        train_ds = _dataset(cfg.coord.train_data, cfg.coord, output_dir, "train", tokenizer=tokenizer)
-        eval_ds = _dataset(
-            cfg.coord.eval_data, cfg.coord, output_dir, "eval", cfg.coord.eval_samples, tokenizer=tokenizer
-        )
+        train_ds, eval_ds = _datasets(cfg.coord, output_dir, tokenizer)
     rank = int(os.environ.get("RANK", "0"))
     trace_dir = output_dir / "traces" if cfg.coord.traces else None
     protocol = get_protocol(cfg.coord.protocol)
