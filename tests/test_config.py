@@ -90,3 +90,18 @@ def test_bf16_auto_is_bf16_exactly_where_the_cpu_computes_it_natively(monkeypatc
     # The world config (the learning check, the demo) asks for auto.
     world = Path(__file__).resolve().parents[1] / "configs" / "world_cpu.yaml"
     assert "\nbf16: auto\n" in world.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TINY.parent.glob("*.yaml") if not p.name.startswith("zero")))
+def test_shipped_configs_use_current_field_names(name, tmp_path):
+    # transformers 5 renamed gradient_checkpointing to activation_checkpointing and warns on the old
+    # name on every run; the shipped configs use the new one.
+    import warnings
+
+    from trl import GRPOConfig
+
+    cfg = load_config(TINY.parent / name, {"output_dir": str(tmp_path), "bf16": "false"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = GRPOConfig(**cfg.grpo)
+    assert args.activation_checkpointing is (cfg.grpo.get("activation_checkpointing") is True)
