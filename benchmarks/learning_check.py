@@ -45,7 +45,11 @@
    held-out exact match with supporting-page recall, and after GRPO the paper's ablations with the
    trained policy (greedy): ``no_mid`` (sub-agents get only the question) and ``dispatch`` (only
    hinted sub-agents select). Target: sampled >= 85%, greedy >= 90% and greedy recall >= 0.95 on both
-   types, every seed; GRPO <= 10 minutes per seed.
+   types, every seed; GRPO <= 10 minutes per seed. With ``--readers vllm`` the answer role, in training
+   and in every evaluation, is the kept world reader served by vLLM's CPU build, asked each hop of the
+   question about each whole document of the selected pages (``answer_chain``,
+   `coordrl.envs.hmars_roles.ReaderChainAnswerer`) instead of the model-free rule; its calls, latency
+   and the server's prefix-cache hit rate are reported as the PARSER readers' are.
 
 ``learning_check.json`` is written after every seed (``"complete": false`` until the last), so a run
 stopped midway keeps the seeds it finished; ``--resume`` with the same ``--out`` and settings keeps them
@@ -62,6 +66,7 @@ printed next to the results, never adjusted.
 
     python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 150]
     python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0 1 2] [--steps 100]
+    python benchmarks/learning_check.py --protocol hmars [--readers vllm] [--warm-start DIR] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -150,9 +155,10 @@ SERVED_READER_STEPS = 130
 
 
 def setup_for(protocol: str, readers: str = "lexical") -> Setup:
-    """The check's setup for ``protocol``, with the served readers' targets under ``readers="vllm"``."""
+    """The check's setup for ``protocol``, with the served PARSER readers' targets under ``readers="vllm"``
+    (HMARS keeps its own: a served answer role does not change what the mid-agent must reach)."""
     setup = SETUPS[protocol]
-    return replace(setup, **SERVED_READER_TARGETS) if readers == "vllm" else setup
+    return replace(setup, **SERVED_READER_TARGETS) if readers == "vllm" and protocol == "parser" else setup
 
 
 # The HMARS mid-agent's paper ablations, evaluated with the trained policy on the same questions:
@@ -174,7 +180,7 @@ def warm_start_settings(setup: Setup, env: dict | None, overrides: dict[str, str
     findings it was taught with."""
     from coordrl.data.world import DOCS_PER_CHUNK
 
-    settings = {"env": env} if env else {}
+    settings = {"env": env} if env and setup.protocol == "parser" else {}
     if setup.protocol == "parser" and (n := world_docs_per_chunk(overrides)) != DOCS_PER_CHUNK:
         settings["docs_per_chunk"] = n
     return settings
@@ -208,7 +214,9 @@ def evaluate(
     ablations: bool = False,
 ) -> dict:
     """Held-out exact match, sampled and greedy (HMARS: with supporting-page recall; ``ablations``
-    adds each `HMARS_ABLATIONS` mode, greedy, for a trained policy, from the same loaded model)."""
+    adds each `HMARS_ABLATIONS` mode, greedy, for a trained policy, from the same loaded model).
+    ``env``: environment settings over the protocol's evaluation defaults (HMARS: the served answer
+    role's, `ServedReaders.answer_role`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -219,12 +227,14 @@ def evaluate(
     model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)
     if setup.protocol == "hmars":
         out = {
-            "sampled": evaluate_hmars_world(model, tok, rows, sample=True, seed=seed),
-            "greedy": evaluate_hmars_world(model, tok, rows, sample=False, seed=seed),
+            "sampled": evaluate_hmars_world(model, tok, rows, sample=True, seed=seed, env_overrides=env),
+            "greedy": evaluate_hmars_world(model, tok, rows, sample=False, seed=seed, env_overrides=env),
         }
         if ablations:
             out["ablations"] = {
-                mode: evaluate_hmars_world(model, tok, rows, sample=False, seed=seed, env_overrides={"mode": mode})
+                mode: evaluate_hmars_world(
+                    model, tok, rows, sample=False, seed=seed, env_overrides={**(env or {}), "mode": mode}
+                )
                 for mode in HMARS_ABLATIONS
             }
         return out
@@ -257,8 +267,8 @@ def grpo(
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             seen.append(self)
-            if meter is not None:  # the fleet every training environment shares
-                k["environment_factory"].fleet.meter = meter
+            if meter is not None:  # the client every training environment shares
+                served_client(k["environment_factory"]).meter = meter
 
     limits = {"max_steps": str(steps)} if steps else {}
     limits["max_train_minutes"] = str(minutes) if minutes else "null"
@@ -273,6 +283,13 @@ def grpo(
     step_times = [h["step_time"] for h in state.log_history if h.get("step_time") is not None]
     step_s = statistics.mean(step_times) * state.global_step if step_times else 0.0
     return out / "final", history, time.time() - t0, state.global_step, step_s
+
+
+def served_client(factory):
+    """The HTTP client of the served model a training environment factory shares: the PARSER reader
+    fleet, or the HMARS answer role's endpoint (``answer_chain``)."""
+    answerer = factory.backends.answerer if hasattr(factory, "backends") else None
+    return answerer.endpoint if hasattr(answerer, "endpoint") else factory.fleet
 
 
 def episodes_per_batch(setup: Setup, overrides: dict[str, str]) -> int:
@@ -304,6 +321,10 @@ class ServedReaders:
     def overrides(self) -> dict[str, str]:
         """The config overrides that make training and the held-out evaluation read through this server."""
         return {"readers": self.url, "reader_model": self.model}
+
+    def answer_role(self) -> dict:
+        """HMARS environment settings that make this server the answer role (`ReaderChainAnswerer`)."""
+        return {"answerer": self.url, "answerer_model": self.model, "answerer_api_key_env": None, "answer_chain": True}
 
     def counters(self) -> tuple[float, float]:
         """(queried, hit) prompt tokens of the server's prefix cache so far, from its ``/metrics``."""
@@ -592,9 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         "configs/hmars_world_cpu.yaml; the no_mid and dispatch ablations are evaluated after GRPO)",
     )
     a = p.parse_args(argv)
-    a.steps = default_steps(a.steps, a.readers)
-    if a.protocol == "hmars" and (a.readers != "lexical" or a.ablations or a.ablations_only):
-        p.error("--protocol hmars: --readers vllm and --ablations are PARSER's (HMARS runs its mode ablations itself)")
+    a.steps = default_steps(a.steps, a.readers, a.protocol)
+    if a.protocol == "hmars" and (a.ablations or a.ablations_only):
+        p.error("--protocol hmars: --ablations are PARSER's (HMARS runs its mode ablations itself)")
     if a.threads:
         import torch
 
@@ -624,8 +645,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"readers: {served.model} served by vLLM at {served.url}, ready in {served.startup_s:.0f}s (log {served.log})"
         )
-        overrides = served_overrides(overrides, served.overrides())
-        print("served-reader recipe: " + ", ".join(f"{k}={overrides[k]}" for k in SERVED_READER_RECIPE))
+        if a.protocol == "hmars":
+            overrides = served_answer_overrides(overrides, served.answer_role())
+            print(f"answer role: {served.model} at {served.url}, asked one hop per document (answer_chain)")
+        else:
+            overrides = served_overrides(overrides, served.overrides())
+            print("served-reader recipe: " + ", ".join(f"{k}={overrides[k]}" for k in SERVED_READER_RECIPE))
         return check(a, p, out, overrides, started, served)
     finally:
         if served is not None:
@@ -633,9 +658,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def default_steps(steps: int | None, readers: str) -> int | None:
-    """``--steps`` as given; unset, `SERVED_READER_STEPS` through served readers, else the config's (None)."""
-    return SERVED_READER_STEPS if steps is None and readers == "vllm" else steps
+def default_steps(steps: int | None, readers: str, protocol: str = "parser") -> int | None:
+    """``--steps`` as given; unset, `SERVED_READER_STEPS` through served PARSER readers, else the config's (None)."""
+    return SERVED_READER_STEPS if steps is None and readers == "vllm" and protocol == "parser" else steps
+
+
+def served_answer_overrides(overrides: dict[str, str], answer_role: dict) -> dict[str, str]:
+    """``--set`` overrides for an HMARS run whose answer role is the served reader: the config's ``hmars``
+    settings (or the user's ``hmars=...``) with ``answer_role`` over them, as one ``hmars`` value."""
+    from coordrl.train.config import load_config
+
+    hmars = load_config(SETUPS["hmars"].config, overrides).coord.hmars or {}
+    return {**overrides, "hmars": json.dumps({**hmars, **answer_role})}
 
 
 def served_overrides(overrides: dict[str, str], server: dict[str, str]) -> dict[str, str]:
@@ -663,11 +697,22 @@ def run_identity(
         "minutes": a.minutes,
         "eval_n": a.eval_n,
         "warm_start_sha256": warm_sha256,
-        "overrides": {k: v for k, v in sorted(overrides.items()) if k != "readers"},
+        "overrides": {k: _without_url(k, v) for k, v in sorted(overrides.items()) if k != "readers"},
     }
     if reader_sha256 is not None:
         identity["reader_sha256"] = reader_sha256
     return identity
+
+
+def _without_url(key: str, value: str) -> str:
+    """An override as a run's identity holds it: a served HMARS answer role's URL (a new port each run)
+    left out of the ``hmars`` settings."""
+    import yaml
+
+    settings = yaml.safe_load(value) if key == "hmars" else None  # JSON or the user's YAML
+    if not (isinstance(settings, dict) and settings.get("answer_chain")):
+        return value
+    return json.dumps({**settings, "answerer": "served"}, sort_keys=True)
 
 
 def finished_seeds(record: Path, run: dict) -> dict[int, dict]:
@@ -737,7 +782,10 @@ def check(
     from coordrl.readers.meter import CallMeter
 
     setup = setup_for(a.protocol, a.readers)
-    env = env_overrides(overrides) if setup.protocol == "parser" else None
+    if setup.protocol == "parser":
+        env = env_overrides(overrides)
+    else:  # the served answer role, which every HMARS evaluation then uses too
+        env = served.answer_role() if served else None
     walls: dict[str, float] = {"reader_server_start_s": served.startup_s} if served else {}
     t0 = time.time()
     warm = Path(a.warm_start) if a.warm_start else setup.kept

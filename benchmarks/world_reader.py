@@ -16,13 +16,18 @@ model's chat template). Printed:
 ``--vllm`` also serves the model with vLLM's CPU build (``.venv-vllm``, as ``coordrl serve-readers
 --cpu`` does), asks the first ``--vllm-rows`` questions' prompts through `OpenAIReaderFleet`, prints the
 same figures, the share of replies identical to transformers' and the prefix-cache hit rate.
+``--vllm-block-sizes 128 32`` serves the same prompts once per KV-cache block size (``--block-size``;
+vLLM's CPU build defaults to 128) and prints each run's seconds and hit rate, and the time ratio: a
+prefix is cached only in whole blocks, so the block size decides how much of a ~240-token reader
+prompt can hit.
 
 The chunks are cut as the model was built to read them (its recipe's ``docs_per_chunk``; the kept
 reader: one whole document per chunk, ``world_docs_per_chunk: 1`` in training); ``--docs-per-chunk 2``
 asks about the same questions cut into the world's default two-document chunks, where a chunk can
 hold two facts of one relation.
 
-    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--docs-per-chunk N] [--vllm] [--vllm-rows 40] [--model DIR]
+    .venv/bin/python benchmarks/world_reader.py [--rows 200] [--docs-per-chunk N] [--vllm] [--vllm-rows 40]
+        [--vllm-block-sizes 128 32] [--model DIR]
 """
 
 from __future__ import annotations
@@ -75,8 +80,11 @@ def show(label: str, figures: dict) -> bool:
     return ok
 
 
-def vllm_replies(model_dir: Path, examples, python: str | None) -> tuple[list[str], float, float]:
-    """Replies through a vLLM CPU server and the fleet; returns (replies, seconds, prefix-cache hit rate)."""
+def vllm_replies(
+    model_dir: Path, examples, python: str | None, block_size: int | None = None
+) -> tuple[list[str], float, float]:
+    """Replies through a vLLM CPU server (KV-cache blocks of ``block_size`` tokens; None: vLLM's default)
+    and the fleet; returns (replies, seconds, prefix-cache hit rate)."""
     from coordrl.readers.base import ReaderRequest
     from coordrl.readers.openai_fleet import OpenAIReaderFleet
     from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
@@ -84,8 +92,9 @@ def vllm_replies(model_dir: Path, examples, python: str | None) -> tuple[list[st
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    extra = ["--enforce-eager"] + ([] if block_size is None else ["--block-size", str(block_size)])
     group = start_reader_servers(str(model_dir), cpu=True, port_base=port, python=python, max_model_len=1024, cpu_memory_fraction=0.15,
-                                 extra_args=["--enforce-eager"], startup_timeout_s=600)  # fmt: skip
+                                 extra_args=extra, startup_timeout_s=600)  # fmt: skip
     with group:
         url = group.urls[0]
         fleet = OpenAIReaderFleet([url], str(model_dir), api_key_env=None, max_tokens=48, max_concurrency=32)
@@ -124,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm", action="store_true", help="also measure through a vLLM CPU server (needs .venv-vllm)")
     p.add_argument("--vllm-rows", type=int, default=40, help="held-out questions asked through vLLM (default 40)")
     p.add_argument("--vllm-python", default=None, help="interpreter with vllm (default .venv-vllm/bin/python)")
+    p.add_argument(
+        "--vllm-block-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="serve once per KV-cache block size and compare (default: one server, vLLM's default block size)",
+    )
     a = p.parse_args(argv)
 
     import torch
@@ -180,13 +196,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  e.g. [{e.kind}] {e.query!r} -> {r!r} (want {e.answer!r})")
     if a.vllm:
         sub = eval_examples(heldout[: a.vllm_rows], world)
-        served, seconds, hit_rate = vllm_replies(model_dir, sub, a.vllm_python)
-        print(
-            f"vllm: {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}"
-        )
-        ok = show("vllm", score_replies(sub, served)) and ok
-        same = sum(s == r for s, r in zip(served, replies[: len(sub)], strict=True)) / len(sub)
-        print(f"vllm vs transformers: {same:.4f} of replies identical")
+        seconds_by_block = {}
+        for block_size in a.vllm_block_sizes or [None]:
+            served, seconds, hit_rate = vllm_replies(model_dir, sub, a.vllm_python, block_size)
+            seconds_by_block[block_size] = seconds
+            blocks = "vLLM's default block size" if block_size is None else f"--block-size {block_size}"
+            print(
+                f"vllm ({blocks}): {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}"
+            )
+            ok = show("vllm", score_replies(sub, served)) and ok
+            same = sum(s == r for s, r in zip(served, replies[: len(sub)], strict=True)) / len(sub)
+            print(f"vllm vs transformers: {same:.4f} of replies identical")
+        if len(seconds_by_block) > 1:
+            first, *rest = seconds_by_block.items()
+            for block_size, seconds in rest:
+                print(f"vllm time, --block-size {first[0]} over --block-size {block_size}: {first[1] / seconds:.2f}x")
     return 0 if ok else 1
 
 

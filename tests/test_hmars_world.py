@@ -350,11 +350,36 @@ def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_
 def test_learning_check_hmars_refuses_the_parser_only_options(capsys):
     check = load_script("benchmarks/learning_check.py")
     assert check.SETUPS["hmars"].config.name == "hmars_world_cpu.yaml" and check.SETUPS["hmars"].config.exists()
-    for extra in (["--readers", "vllm"], ["--ablations"]):
+    for extra in (["--ablations"], ["--ablations-only"]):
         with pytest.raises(SystemExit) as exc:
             check.main(["--protocol", "hmars", "--out", "/nonexistent/never-written", *extra])
         assert exc.value.code == 2
         assert "--protocol hmars" in capsys.readouterr().err
+
+
+def test_learning_check_hmars_through_a_served_answer_role(tmp_path):
+    # --readers vllm makes the served world reader the HMARS answer role (answer_chain) over the config's
+    # HMARS settings; the targets stay HMARS's, and --resume matches runs whatever port the server got.
+    import argparse
+
+    from coordrl.train.config import load_config
+
+    check = load_script("benchmarks/learning_check.py")
+    role = {"answerer": "http://127.0.0.1:1", "answerer_model": "m", "answerer_api_key_env": None, "answer_chain": True}
+    overrides = check.served_answer_overrides({"beta": "0.04"}, role)
+    cfg = load_config(check.SETUPS["hmars"].config, {"output_dir": str(tmp_path), **overrides})
+    assert cfg.coord.hmars == {**load_config(check.SETUPS["hmars"].config).coord.hmars, **role}
+    assert cfg.grpo["beta"] == 0.04 and cfg.env_config("m").answer_chain is True
+    assert (
+        check.setup_for("hmars", "vllm") == check.SETUPS["hmars"] and check.default_steps(None, "vllm", "hmars") is None
+    )
+    assert check.setup_for("parser", "vllm").target_sampled == check.SERVED_READER_TARGETS["target_sampled"]
+    a = argparse.Namespace(protocol="hmars", readers="vllm", steps=70, minutes=None, eval_n=100)
+    moved = check.served_answer_overrides({"beta": "0.04"}, {**role, "answerer": "http://127.0.0.1:2"})
+    assert check.run_identity(a, overrides, "w" * 64) == check.run_identity(a, moved, "w" * 64)
+    other = check.served_answer_overrides({"beta": "0.1"}, role)
+    assert check.run_identity(a, overrides, "w" * 64) != check.run_identity(a, other, "w" * 64)
+    assert check.warm_start_settings(check.setup_for("hmars", "vllm"), role, overrides) == {}
 
 
 def test_kept_hmars_warm_start_resolves_and_shares_the_world_tokenizer():

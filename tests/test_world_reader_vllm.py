@@ -33,12 +33,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from coordrl.data.hmars_world import HMARS_WORLD_ENV, hmars_world_splits
 from coordrl.data.world import world_splits
 from coordrl.data.world_reader import READER_UNKNOWN, world_reader_dir
+from coordrl.envs.hmars import HmarsEnvConfig, HmarsEnvFactory
+from coordrl.envs.hmars_world import scripted_broadcast
 from coordrl.readers.base import ReaderRequest
 from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
-from coordrl.rollout.models import WORLD_MODEL, resolve_model
+from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, resolve_model
 from coordrl.rollout.world import evaluate_world
 from coordrl.train.config import load_config
 from coordrl.train.run import train
@@ -95,6 +98,29 @@ def test_the_kept_reader_answers_through_the_fleet(world_reader_url):
     assert all(r.ok for r in results), [r.error for r in results]
     assert [r.text for r in results] == [e.answer for e in probe]
     assert [r.abstained for r in results] == [e.answer == READER_UNKNOWN for e in probe]
+
+
+def test_the_served_world_reader_answers_hmars_evidence_one_hop_at_a_time(world_reader_url):
+    # The HMARS answer role as the served world reader (answer_chain): each hop of the question asked
+    # about each whole document of the selected pages. A good broadcast's pages hold both facts and are
+    # answered; the question alone selects nothing (docs/hmars_world.md, scripted broadcasts).
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(HMARS_WORLD_MODEL))  # pages are cut with the policy's
+    rows = hmars_world_splits(0, 20, seed=0, tokenizer=tok)["heldout"]
+    settings = {**HMARS_WORLD_ENV, "answerer": world_reader_url, "answerer_model": str(READER_MODEL)}
+    factory = HmarsEnvFactory(HmarsEnvConfig(**settings, answerer_api_key_env=None, answer_chain=True), tokenizer=tok)
+    em: dict[str, list[float]] = {"good": [], "question": []}
+    try:
+        for row, kind in itertools.product(rows, em):
+            env = factory()
+            env.reset(**row)
+            asyncio.run(env.broadcast(*scripted_broadcast(kind, row, env.index)))
+            assert env.info["answerer_errors"] == 0 and env.info["answer_calls"] == 1
+            em[kind].append(env.info["em"])
+    finally:
+        factory.close()
+    assert sum(em["good"]) == len(rows) and sum(em["question"]) == 0, em
 
 
 def test_grpo_through_vllm_served_world_readers_raises_heldout_exact_match(world_reader_url, tmp_path):

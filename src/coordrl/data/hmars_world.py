@@ -67,6 +67,7 @@ __all__ = [
     "answer_from_evidence",
     "build_hmars_world_dataset",
     "document_number",
+    "earlier_born",
     "hmars_world_rows",
     "hmars_world_splits",
     "lay_out",
@@ -333,7 +334,12 @@ def answer_from_evidence(question: str, evidence: str) -> str:
         director = facts.get(("director", names[0]))
         city = facts.get(("city", director)) if director else None
         return city or READER_UNKNOWN
-    d1, d2 = (facts.get(("decade", n)) for n in names)
-    if d1 and d2 and d1 != d2:
-        return names[0] if int(d1.rstrip("s")) < int(d2.rstrip("s")) else names[1]
+    return earlier_born(names, facts.get(("decade", names[0])), facts.get(("decade", names[1])))
+
+
+def earlier_born(names: Sequence[str], first: str | None, second: str | None) -> str:
+    """A comparison's answer: of the two ``names``, the one born in the earlier decade (``first``,
+    ``second``: their decades, e.g. ``"1930s"``); ``Unknown`` when a decade is missing or they tie."""
+    if first and second and first != second:
+        return names[0] if int(first.rstrip("s")) < int(second.rstrip("s")) else names[1]
     return READER_UNKNOWN

@@ -41,8 +41,11 @@ __all__ = [
     "chunk_examples",
     "chunk_facts",
     "eval_examples",
+    "grounded",
+    "reply_value",
     "sample_chunk",
     "score_replies",
+    "world_documents",
     "world_reader_dir",
 ]
 
@@ -87,6 +90,30 @@ def chunk_facts(chunk: str) -> dict[tuple[str, str], tuple[str, str]]:
                 if m.group("subject") == title:  # a film's director is not that document's subject
                     facts[(relation, title)] = (f"{title}: {m.group(0)}", m.group("value"))
     return facts
+
+
+def world_documents(text: str) -> list[str]:
+    """The whole world documents in ``text`` (``"Document i:\\n<title>\\n<sentences>"`` blocks, e.g.
+    selected pages), each as a one-document reader chunk; a document cut by a page edge is left out."""
+    return [m.group(0) for m in _DOC.finditer(text)]
+
+
+def reply_value(reply: str, relation: str, subject: str) -> str | None:
+    """The value a reader's reply states for ``relation`` (``director``, ``city``, ``decade``) of
+    ``subject``, read from the world's fact sentence in it (``"F: The film F was directed by P and
+    filmed in C."`` -> ``P``); None when the reply states no such fact (``Unknown``, another subject)."""
+    pattern = dict(_FACTS)[relation]
+    for m in pattern.finditer(reply):
+        if m.group("subject") == subject:
+            return m.group("value")
+    return None
+
+
+def grounded(reply: str, chunk: str) -> bool:
+    """Whether a reader's reply is what the reader is built to reply, a fact sentence copied from its
+    chunk: ``"<title>: <sentence>"`` with the chunk's own title and a sentence the chunk contains."""
+    title, sep, sentence = reply.strip().partition(": ")
+    return bool(sep and sentence) and sentence in chunk and any(t == title for t, _ in _DOC.findall(chunk))
 
 
 def _entities(text: str, names: frozenset[str]) -> set[str]:

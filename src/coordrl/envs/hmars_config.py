@@ -18,7 +18,13 @@ MODES = ("full", "dispatch", "no_mid")
 # (HTTP error, timeout, empty or non-JSON body), or its reply could not be parsed.
 ROLE_ERROR_KEYS = ("selector_errors", "selector_parse_failures", "answerer_errors", "answerer_parse_failures")
 # The boolean settings; a YAML or --hmars string "false" must not turn one on.
-SWITCHES = ("memory_card_summaries", "memory_title_index", "lexical_query_sentences", "question_after_memory")
+SWITCHES = (
+    "memory_card_summaries",
+    "memory_title_index",
+    "lexical_query_sentences",
+    "question_after_memory",
+    "answer_chain",
+)
 _SUB_ID = re.compile(r"^\s*(?:s|sub[-_ ]?agent[-_ ]?)?(\d{1,6})\s*$", re.IGNORECASE)
 
 
@@ -34,6 +40,11 @@ class HmarsEnvConfig:
             OpenAI-compatible URLs, one backend per role; the answerer may also be ``rule``, the HMARS
             world's model-free reader of the selected pages (`coordrl.envs.hmars_roles.RuleAnswerer`).
         writer_model / selector_model / answerer_model: model names served at those URLs.
+        answer_chain: the answerer URLs serve a chunk reader (the world reader model,
+            ``coordrl/resources/world_reader``), not an answer model: the answer role asks it each hop
+            of a world question about each whole document of the selected pages, one document per
+            request in the reader prompt it was trained on, and follows the chain through its replies
+            (`coordrl.envs.hmars_roles.ReaderChainAnswerer`; default False).
         writer_api_key_env / selector_api_key_env / answerer_api_key_env: environment variables read
             for each role's API key (default OPENAI_API_KEY; unset sends none).
         writer_max_tokens / selector_max_tokens / answerer_max_tokens: generation budgets
@@ -94,6 +105,7 @@ class HmarsEnvConfig:
     answerer_model: str | None = None
     answerer_api_key_env: str | None = DEFAULT_API_KEY_ENV
     answerer_max_tokens: int = 128
+    answer_chain: bool = False
     backend_concurrency: int = DEFAULT_CONCURRENCY
     backend_timeout_s: float = DEFAULT_TIMEOUT_S
     backend_retries: int = DEFAULT_RETRIES
@@ -120,6 +132,10 @@ class HmarsEnvConfig:
         for name in SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise DataError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.answer_chain and self.answerer.strip() in ("lexical", "rule"):
+            raise DataError(
+                f"answer_chain needs the answerer to be the URL of a served chunk reader, got answerer {self.answerer!r}"
+            )
 
     def index_settings(self) -> IndexSettings:
         """The index part of these settings: every `IndexSettings` field this config also has (the

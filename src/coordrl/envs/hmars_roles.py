@@ -8,21 +8,25 @@ per sub-agent and one `Answer`, counting failures and unparseable replies instea
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordrl.data.hmars_world import answer_from_evidence
+from coordrl.data.hmars_world import answer_from_evidence, earlier_born, parse_question
+from coordrl.data.world_reader import QUERIES, READER_UNKNOWN, grounded, reply_value, world_documents
 from coordrl.envs.hmars_config import _SUB_ID, HmarsEnvConfig
 from coordrl.envs.hmars_index import Page, make_chat_endpoint, parse_json_object
 from coordrl.envs.hmars_prompts import selector_messages
 from coordrl.readers.base import ReaderResult
+from coordrl.readers.chat_endpoint import ChatEndpoint
 from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences, split_sentences
-from coordrl.readers.prompt import sanitize_reader_text
+from coordrl.readers.prompt import reader_messages, sanitize_reader_text
 from coordrl.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, extract_answer
 
-__all__ = ["RULE_ANSWERER", "Answer", "Backends", "RuleAnswerer", "Selection"]
+__all__ = ["RULE_ANSWERER", "Answer", "Backends", "ReaderChainAnswerer", "RuleAnswerer", "Selection"]
 
 
 @dataclass
@@ -78,6 +82,84 @@ class RuleAnswerer:
         return None
 
 
+class ReaderChainAnswerer:
+    """The ``answer_chain`` role: the answer model is a chunk reader (the world reader model) served
+    behind ``endpoint``, asked one hop of the question at a time; the chat endpoint's interface
+    (``chat``, ``aclose``).
+
+    From the answer prompt `answer_messages` builds (``Evidence: ... Question: ...``) it takes the
+    question and the selected pages, cuts the pages into their whole world documents, and asks the
+    reader each hop (`coordrl.data.world_reader.QUERIES`: the lead queries it was trained on) about
+    every document, one request per document in the reader prompt (`reader_messages`). Bridge: the
+    director the reader states for the film, then the city it states for that director; comparison:
+    both birth decades, then the earlier-born name. The model does the reading; the hops and where a
+    value sits in the reader's reply sentence (`reply_value`) are the world's templates. A reply that
+    is not a sentence copied from its own document (`grounded`: the reader replies extractively, so
+    anything else is a misreading, e.g. of a document kind it was never trained on) states no value
+    and is counted in ``ungrounded``. A hop no document answers gives ``Unknown``; a failed request
+    fails the answer (the answerer's error). Questions that are not the world's are answered
+    ``Unknown`` without a request.
+    """
+
+    def __init__(self, endpoint: ChatEndpoint) -> None:
+        self.endpoint = endpoint
+        self.calls = 0
+        self.ungrounded = 0
+
+    async def _hop(self, relation: str, subject: str, documents: Sequence[str]) -> str | None:
+        """The value stated by the first document (in order) whose grounded reply states one; raises
+        `_HopFailed` when a request failed."""
+        query = QUERIES[relation](subject)
+        keys = [hashlib.sha1(d.encode()).hexdigest()[:16] for d in documents]
+        results = await self.endpoint.chat([reader_messages(d, query) for d in documents], keys)
+        self.calls += len(results)
+        values = []
+        for document, r in zip(documents, results, strict=True):
+            if not r.ok:
+                raise _HopFailed(r.error or "request failed")
+            if (value := reply_value(r.text, relation, subject)) is None:
+                continue
+            if grounded(r.text, document):
+                values.append(value)
+            else:
+                self.ungrounded += 1
+        return values[0] if values else None
+
+    async def _answer(self, question: str, evidence: str) -> str:
+        parsed = parse_question(question)
+        documents = world_documents(evidence)
+        if parsed is None or not documents:
+            return READER_UNKNOWN
+        kind, names = parsed
+        if kind == "bridge":
+            director = await self._hop("director", names[0], documents)
+            city = await self._hop("city", director, documents) if director else None
+            return city or READER_UNKNOWN
+        first, second = await asyncio.gather(*(self._hop("decade", n, documents) for n in names))
+        return earlier_born(names, first, second)
+
+    async def chat(
+        self, conversations: Sequence[Sequence[Mapping[str, str]]], keys: Sequence[str] | None = None
+    ) -> list[ReaderResult]:
+        out = []
+        for messages in conversations:
+            evidence, _, question = messages[-1]["content"].rpartition("\n\nQuestion: ")
+            try:
+                answer = await self._answer(question, evidence)
+            except _HopFailed as e:
+                out.append(ReaderResult("", ok=False, error=f"reader chain: {e}"))
+                continue
+            out.append(ReaderResult(f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"))
+        return out
+
+    async def aclose(self) -> None:
+        await self.endpoint.aclose()
+
+
+class _HopFailed(Exception):
+    """A hop's reader request failed after its retries."""
+
+
 class Backends:
     """The frozen roles shared by every environment of a factory: one endpoint (one connection
     pool) per model role, and one lexical scorer whose page indexes are reused across rollouts."""
@@ -103,6 +185,8 @@ class Backends:
                 c.answerer, c.answerer_model, c.answerer_api_key_env, max_tokens=c.answerer_max_tokens, **common
             )
         )
+        if c.answer_chain:
+            self.answerer = ReaderChainAnswerer(self.answerer)
         self.lexical = LexicalReader(threshold=0.0)
 
     # -- selection ---------------------------------------------------------------------------------
