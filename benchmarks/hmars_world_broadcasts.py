@@ -10,7 +10,9 @@ different sub-agents) and runs every question through the environment training u
   sizes from `HMARS_WORLD_ENV`); answer role **rule** (`RuleAnswerer`: a model-free reader of the
   selected pages that follows the question's chain and says ``Unknown`` when a fact is missing, so its
   exact match measures whether the evidence suffices) and **lexical** (the CPU config's answerer,
-  which replies with a whole sentence: exact match 0 on this world whatever the evidence);
+  which replies with a whole sentence: exact match 0 on this world whatever the evidence); with
+  ``--served-answerer``, also **reader** (a model: the kept world reader served by vLLM's CPU build,
+  asked each hop of the question about each whole document of the selected pages, ``answer_chain``);
 - ``memory``: `broadcast_from_memory` on the mid-agent's observation, the text `MidAgentEnv.reset`
   returns under `HMARS_WORLD_ENV` (regional memory plus each sub-agent's card summary:
   ``memory_card_summaries`` on), and ``memory, no cards`` on the observation with the setting off (the
@@ -26,10 +28,12 @@ It also reports what the observation holds: whether each needed name is on its s
 is stated, with the card summaries and without.
 
     python benchmarks/hmars_world_broadcasts.py [--questions 100] [--seed 0] [--tokenizer SPEC] [--out FILE]
+        [--served-answerer [--vllm-python PATH]]
 
 ``--tokenizer``: the tokenizer pages are cut with (default: the shipped one, the environment's
 default; pass the policy's tokenizer folder to lay out and index the world as training would).
-Offline, CPU only, about a minute on 2 cores.
+Offline, CPU only, about a minute on 2 cores (``--served-answerer``: plus the server's start and its
+replies).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import statistics
 import sys
 import time
@@ -94,6 +99,7 @@ VARIANTS: list[tuple[str, str, tuple[tuple[str, bool], ...], Broadcast]] = [
     ("good", "no_mid", (), _scripted("good")),
 ]
 ANSWERERS = ("rule", "lexical")
+SERVED = "reader"  # the served world reader as the answer role (--served-answerer)
 
 
 def observation_check(
@@ -118,15 +124,21 @@ def observation_check(
     return out
 
 
-def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
+def run(n_per_type: int, seed: int, tokenizer: str | None, served: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The table and observation figures; ``served``: (URL, model) of a world reader server, which then
+    answers too (answerer ``reader``)."""
+    answerers = (*ANSWERERS, SERVED) if served else ANSWERERS
     tok = load_tokenizer(tokenizer)
     t0 = time.perf_counter()
     rows = hmars_world_splits(0, 2 * n_per_type, seed, tokenizer=tok)["heldout"]
     build_s = time.perf_counter() - t0
     factories: dict[tuple[str, tuple[tuple[str, bool], ...], str], HmarsEnvFactory] = {}
     for mode, changed in sorted({(mode, changed) for _, mode, changed, _ in VARIANTS}):
-        for answerer in ANSWERERS:
+        for answerer in answerers:
             settings = {**HMARS_WORLD_ENV, "mode": mode, **dict(changed)}
+            if answerer == SERVED:
+                settings.update(answerer=served[0], answerer_model=served[1], answerer_api_key_env=None)
+                settings["answer_chain"] = True
             f = HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tok)
             if answerer == "rule":
                 use_rule_answerer(f)
@@ -137,7 +149,7 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     for row in rows:
         for variant, mode, changed, broadcast in VARIANTS:
-            for answerer in ANSWERERS:
+            for answerer in answerers:
                 env = factories[(mode, changed, answerer)]()
                 memory = env.reset(**row).strip()
                 interpretation, hints = broadcast(row, memory, env.index)
@@ -159,6 +171,8 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
         shapes["subagents"].append(env.index.num_subagents)
         shapes["tokens"].append(env.index.num_tokens)
     episodes_s = time.perf_counter() - t0
+    for f in factories.values():
+        f.close()
     table = [
         {
             "variant": variant,
@@ -175,12 +189,18 @@ def run(n_per_type: int, seed: int, tokenizer: str | None) -> dict[str, Any]:
         "tokenizer": tokenizer or "coordrl-tiny (shipped)",
         "n_docs": N_DOCS,
         "settings": HMARS_WORLD_ENV,
-        "roles": {"writer": "lexical", "selector": "lexical", "answer": "rule and lexical (separate runs)"},
+        "roles": {
+            "writer": "lexical",
+            "selector": "lexical",
+            "answer": "rule, lexical"
+            + (f" and reader ({served[1]} at {served[0]}, answer_chain)" if served else "")
+            + " (separate runs)",
+        },
         "subagents_per_question": [min(shapes["subagents"]), max(shapes["subagents"])],
         "tokens_per_question": [min(shapes["tokens"]), max(shapes["tokens"])],
         "build_s": round(build_s, 2),
         "episodes_s": round(episodes_s, 2),
-        "episodes": len(rows) * len(VARIANTS) * len(ANSWERERS),
+        "episodes": len(rows) * len(VARIANTS) * len(answerers),
         "table": table,
         "observation": {
             qtype: {k: round(statistics.fmean(v), 4) for k, v in obs.items()} for qtype, obs in observed.items()
@@ -205,13 +225,18 @@ def print_report(out: dict[str, Any]) -> None:
         + ("regional memory + card summaries" if s.get("memory_card_summaries") else "regional memory")
     )
     print(f"{out['episodes']} episodes in {out['episodes_s']} s (world built in {out['build_s']} s)\n")
-    head = f"{'broadcast':<26} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6} {'recall':>6} {'pages':>5} {'ev.tok':>6}"
+    reader = any(f"em_{SERVED}" in r for r in out["table"])
+    head = f"{'broadcast':<26} {'mode':<9} {'type':<11} {'EM rule':>7} {'EM lex':>6}" + (
+        f" {'EM reader':>9}" if reader else ""
+    )
+    head += f" {'recall':>6} {'pages':>5} {'ev.tok':>6}"
     print(head)
     print("-" * len(head))
     for r in out["table"]:
         print(
-            f"{r['variant']:<26} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f} "
-            f"{r['recall']:>6.3f} {r['pages_selected']:>5.2f} {r['evidence_tokens']:>6.1f}"
+            f"{r['variant']:<26} {r['mode']:<9} {r['type']:<11} {r['em_rule']:>7.2f} {r['em_lexical']:>6.2f}"
+            + (f" {r[f'em_{SERVED}']:>9.2f}" if reader else "")
+            + f" {r['recall']:>6.3f} {r['pages_selected']:>5.2f} {r['evidence_tokens']:>6.1f}"
         )
     print("\nwhat the mid-agent can read (share of questions; tokens_*: mean tokens of the observation):")
     for qtype, obs in out["observation"].items():
@@ -224,8 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer pages are cut with (default: the shipped one)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
+    parser.add_argument(
+        "--served-answerer",
+        action="store_true",
+        help="also answer with the kept world reader served by vLLM's CPU build (needs .venv-vllm)",
+    )
+    parser.add_argument("--vllm-python", default=None, help="interpreter with vllm (default .venv-vllm/bin/python)")
     args = parser.parse_args(argv)
-    out = run(args.questions, args.seed, args.tokenizer)
+    if not args.served_answerer:
+        out = run(args.questions, args.seed, args.tokenizer)
+    else:
+        from coordrl.data.world_reader import world_reader_dir
+        from coordrl.readers.serve import start_reader_servers
+
+        model = str(world_reader_dir())
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with start_reader_servers(model, cpu=True, port_base=port, python=args.vllm_python) as group:
+            out = run(args.questions, args.seed, args.tokenizer, served=(group.urls[0], model))
     print_report(out)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
