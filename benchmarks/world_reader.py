@@ -17,9 +17,9 @@ model's chat template). Printed:
 --cpu`` does), asks the first ``--vllm-rows`` questions' prompts through `OpenAIReaderFleet`, prints the
 same figures, the share of replies identical to transformers' and the prefix-cache hit rate.
 ``--vllm-block-sizes 128 32`` serves the same prompts once per KV-cache block size (``--block-size``;
-vLLM's CPU build defaults to 128) and prints each run's seconds and hit rate, and the time ratio: a
-prefix is cached only in whole blocks, so the block size decides how much of a ~240-token reader
-prompt can hit.
+vLLM's CPU build defaults to 128, ``coordrl serve-readers --cpu`` passes 32) and prints each run's
+seconds and hit rate, and the time ratio: a prefix is cached only in whole blocks, so the block size
+decides how much of a ~240-token reader prompt can hit.
 
 The chunks are cut as the model was built to read them (its recipe's ``docs_per_chunk``; the kept
 reader: one whole document per chunk, ``world_docs_per_chunk: 1`` in training); ``--docs-per-chunk 2``
@@ -83,7 +83,7 @@ def show(label: str, figures: dict) -> bool:
 def vllm_replies(
     model_dir: Path, examples, python: str | None, block_size: int | None = None
 ) -> tuple[list[str], float, float]:
-    """Replies through a vLLM CPU server (KV-cache blocks of ``block_size`` tokens; None: vLLM's default)
+    """Replies through a vLLM CPU server (KV-cache blocks of ``block_size`` tokens; None: serve.py's CPU default)
     and the fleet; returns (replies, seconds, prefix-cache hit rate)."""
     from coordrl.readers.base import ReaderRequest
     from coordrl.readers.openai_fleet import OpenAIReaderFleet
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         default=None,
-        help="serve once per KV-cache block size and compare (default: one server, vLLM's default block size)",
+        help="serve once per KV-cache block size and compare (default: one server, the CPU default block size)",
     )
     a = p.parse_args(argv)
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for block_size in a.vllm_block_sizes or [None]:
             served, seconds, hit_rate = vllm_replies(model_dir, sub, a.vllm_python, block_size)
             seconds_by_block[block_size] = seconds
-            blocks = "vLLM's default block size" if block_size is None else f"--block-size {block_size}"
+            blocks = "the CPU default block size" if block_size is None else f"--block-size {block_size}"
             print(
                 f"vllm ({blocks}): {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}"
             )

@@ -109,11 +109,13 @@ def test_command_line():
         "--enable-prefix-caching",
     ]  # fmt: skip
     cpu = vllm_server_command("py", "/m", 8100, cpu=True, max_model_len=2048, extra_args=["--seed", "1"])
-    assert cpu[-8:] == [
+    assert cpu[-10:] == [
         "--dtype",
         "float32",
         "--gpu-memory-utilization",
         "0.2",
+        "--block-size",
+        "32",
         "--max-model-len",
         "2048",
         "--seed",
@@ -123,6 +125,9 @@ def test_command_line():
         "py", "/m", 1, cpu=True, extra_args=["--dtype=bfloat16", "--gpu-memory-utilization", "0.5"]
     )
     assert overridden.count("--gpu-memory-utilization") == 1 and "float32" not in overridden
+    own_blocks = vllm_server_command("py", "/m", 1, cpu=True, extra_args=["--block-size", "128"])
+    assert own_blocks.count("--block-size") == 1 and own_blocks[-2:] == ["--block-size", "128"]
+    assert "--block-size" not in vllm_server_command("py", "/m", 1)  # GPUs keep vLLM's default
 
 
 def test_one_server_per_gpu_then_clean_stop(fake, tmp_path):
