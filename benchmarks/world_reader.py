@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import importlib.util
 import json
 import socket
@@ -85,7 +84,7 @@ def vllm_replies(
 ) -> tuple[list[str], float, float]:
     """Replies through a vLLM CPU server (KV-cache blocks of ``block_size`` tokens; None: serve.py's CPU default)
     and the fleet; returns (replies, seconds, prefix-cache hit rate)."""
-    from coordrl.readers.base import ReaderRequest
+    from coordrl.readers.base import ReaderRequest, chunk_key
     from coordrl.readers.openai_fleet import OpenAIReaderFleet
     from coordrl.readers.serve import prefix_cache_counters, start_reader_servers
 
@@ -98,7 +97,7 @@ def vllm_replies(
     with group:
         url = group.urls[0]
         fleet = OpenAIReaderFleet([url], str(model_dir), api_key_env=None, max_tokens=48, max_concurrency=32)
-        requests = [ReaderRequest(e.query, e.chunk, hashlib.sha1(e.chunk.encode()).hexdigest()[:16]) for e in examples]
+        requests = [ReaderRequest(e.query, e.chunk, chunk_key(e.chunk)) for e in examples]
 
         async def run():
             try:

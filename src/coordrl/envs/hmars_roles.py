@@ -9,7 +9,6 @@ per sub-agent and one `Answer`, counting failures and unparseable replies instea
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from coordrl.data.world_reader import QUERIES, READER_UNKNOWN, grounded, reply_v
 from coordrl.envs.hmars_config import _SUB_ID, HmarsEnvConfig
 from coordrl.envs.hmars_index import Page, make_chat_endpoint, parse_json_object
 from coordrl.envs.hmars_prompts import selector_messages
-from coordrl.readers.base import ReaderResult
+from coordrl.readers.base import ReaderResult, chunk_key
 from coordrl.readers.chat_endpoint import ChatEndpoint
 from coordrl.readers.lexical import LexicalReader, content_words, split_chunk_sentences, split_sentences
 from coordrl.readers.prompt import reader_messages, sanitize_reader_text
@@ -106,11 +105,10 @@ class ReaderChainAnswerer:
         self.calls = 0
         self.ungrounded = 0
 
-    async def _hop(self, relation: str, subject: str, documents: Sequence[str]) -> str | None:
+    async def _hop(self, relation: str, subject: str, documents: Sequence[str], keys: Sequence[str]) -> str | None:
         """The value stated by the first document (in order) whose grounded reply states one; raises
-        `_HopFailed` when a request failed."""
+        `_HopFailed` when a request failed. ``keys``: the documents' `chunk_key`."""
         query = QUERIES[relation](subject)
-        keys = [hashlib.sha1(d.encode()).hexdigest()[:16] for d in documents]
         results = await self.endpoint.chat([reader_messages(d, query) for d in documents], keys)
         self.calls += len(results)
         values = []
@@ -130,12 +128,13 @@ class ReaderChainAnswerer:
         documents = world_documents(evidence)
         if parsed is None or not documents:
             return READER_UNKNOWN
+        keys = [chunk_key(d) for d in documents]
         kind, names = parsed
         if kind == "bridge":
-            director = await self._hop("director", names[0], documents)
-            city = await self._hop("city", director, documents) if director else None
+            director = await self._hop("director", names[0], documents, keys)
+            city = await self._hop("city", director, documents, keys) if director else None
             return city or READER_UNKNOWN
-        first, second = await asyncio.gather(*(self._hop("decade", n, documents) for n in names))
+        first, second = await asyncio.gather(*(self._hop("decade", n, documents, keys) for n in names))
         return earlier_born(names, first, second)
 
     async def chat(

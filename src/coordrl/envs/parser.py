@@ -19,7 +19,7 @@ from coordrl.data.chunk import Chunk, chunk_context
 from coordrl.data.errors import ConfigError
 from coordrl.data.tokens import load_tokenizer
 from coordrl.envs.tool_input import ToolInputError, check_text
-from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult
+from coordrl.readers.base import ReaderFleet, ReaderRequest, ReaderResult, chunk_key
 from coordrl.readers.chat_client import DEFAULT_CONCURRENCY
 from coordrl.readers.fleet import make_fleet
 from coordrl.readers.loop import shared_loop
@@ -203,7 +203,7 @@ class ParserLeadEnv:
         else:
             raise ValueError(f"sample {rid!r}: needs a non-empty 'context' or 'chunks' field")
         # A content hash, not an index: the same chunk text routes to the same reader replica (prefix cache).
-        self._keys = [hashlib.sha1(c.text.encode()).hexdigest()[:16] for c in self._chunks]
+        self._keys = [chunk_key(c.text) for c in self._chunks]
         self._chunk_tokens = [
             c.token_end - c.token_start if c.token_end > c.token_start else None for c in self._chunks
         ]

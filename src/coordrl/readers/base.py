@@ -7,6 +7,7 @@ environment never cares which backend served them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -57,6 +58,12 @@ class ReaderResult:
     @property
     def abstained(self) -> bool:
         return self.ok and is_unknown(self.text)
+
+
+def chunk_key(text: str) -> str:
+    """A chunk's content key (16 hex characters of its SHA-1): the ``chunk_key`` of requests about it,
+    so every request about one chunk goes to one replica, whose prefix cache holds it."""
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def is_unknown(text: str) -> bool:
