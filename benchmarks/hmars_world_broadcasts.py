@@ -14,18 +14,18 @@ different sub-agents) and runs every question through the environment training u
   ``--served-answerer``, also **reader** (a model: the kept world reader served by vLLM's CPU build,
   asked each hop of the question about each whole document of the selected pages, ``answer_chain``);
 - ``memory``: `broadcast_from_memory` on the mid-agent's observation, the text `MidAgentEnv.reset`
-  returns under `HMARS_WORLD_ENV` (regional memory plus each sub-agent's card summary:
-  ``memory_card_summaries`` on), and ``memory, no cards`` on the observation with the setting off (the
-  regional memory alone, the environment's default);
+  returns under `HMARS_WORLD_ENV` (each sub-agent's card summary, ``memory_card_summaries`` on, without
+  the sub-agent map, ``memory_map`` off); ``memory, map`` with the sub-agent map (topics, entities,
+  cross-references) too; ``memory, no cards`` on the map alone (the environment's default);
 - ``dispatch`` (only hinted sub-agents select) with the good broadcast, and ``no_mid`` (every
   sub-agent selects from the question alone, whatever the broadcast);
 - ``whole``: the selector scores the interpretation and each hint as one query part
   (``lexical_query_sentences`` off; the world scores each of their sentences alone), so the two
   questions of one interpretation dilute each other and only a hint on the right sub-agent selects.
 
-It also reports what the observation holds: whether each needed name is on its sub-agent's line
-(routing readable), whether the bridge's director is named, and whether "film F was directed by P"
-is stated, with the card summaries and without.
+It also reports what each of those three observations holds: whether each needed name is on its
+sub-agent's line (routing readable: its entity list, or its card summary's titles without the map),
+whether the bridge's director is named, whether "film F was directed by P" is stated, and its tokens.
 
     python benchmarks/hmars_world_broadcasts.py [--questions 100] [--seed 0] [--tokenizer SPEC] [--out FILE]
         [--served-answerer [--vllm-python PATH]]
@@ -80,9 +80,11 @@ def _from_memory(row: dict[str, Any], memory: str, index: DocumentIndex) -> tupl
 
 
 # (variant, mode, settings that differ from HMARS_WORLD_ENV, broadcast); the scripted broadcasts do not
-# read the observation, so only the memory reader runs without the card summaries. The ``whole`` rows
+# read the observation, so only the memory reader runs on the other observations. The ``whole`` rows
 # score the interpretation and each hint as one query part (``lexical_query_sentences`` off).
-NO_CARDS = (("memory_card_summaries", False),)
+MAP = (("memory_map", True),)
+NO_CARDS = (("memory_map", True), ("memory_card_summaries", False))
+OBSERVATIONS = {"world": (), "map": MAP, "no_cards": NO_CARDS}
 WHOLE = (("lexical_query_sentences", False),)
 VARIANTS: list[tuple[str, str, tuple[tuple[str, bool], ...], Broadcast]] = [
     ("question", "full", (), _scripted("question")),
@@ -94,6 +96,7 @@ VARIANTS: list[tuple[str, str, tuple[tuple[str, bool], ...], Broadcast]] = [
     ("misrouted, whole", "full", WHOLE, _scripted("misrouted")),
     ("good, whole", "full", WHOLE, _scripted("good")),
     ("memory", "full", (), _from_memory),
+    ("memory, map", "full", MAP, _from_memory),
     ("memory, no cards", "full", NO_CARDS, _from_memory),
     ("good", "dispatch", (), _scripted("good")),
     ("good", "no_mid", (), _scripted("good")),
@@ -102,17 +105,14 @@ ANSWERERS = ("rule", "lexical")
 SERVED = "reader"  # the served world reader as the answer role (--served-answerer)
 
 
-def observation_check(
-    row: dict[str, Any], observations: dict[bool, str], index: DocumentIndex, tok
-) -> dict[str, float]:
-    """What the mid-agent can read, with the card summaries (``observations[True]``) and without
-    (``[False]``): routing (each needed name on its owner's entity line), the bridge director named,
-    the film -> director sentence stated, and the observation's tokens."""
+def observation_check(row: dict[str, Any], observations: dict[str, str], index: DocumentIndex, tok) -> dict[str, float]:
+    """What the mid-agent can read in each observation (`OBSERVATIONS` tag -> text): routing (each needed
+    name on its owner's line, `memory_entities`), the bridge director named, the film -> director
+    sentence stated, and the observation's tokens."""
     names = needed_titles(row)
     subs = owners(row, index)
     out: dict[str, float] = {}
-    for cards, memory in sorted(observations.items(), reverse=True):
-        tag = "with_cards" if cards else "without_cards"
+    for tag, memory in observations.items():
         lists = memory_entities(memory)
         out[f"routing_readable_{tag}"] = float(all(n in lists.get(s, []) for n, s in zip(names, subs, strict=True)))
         out[f"tokens_{tag}"] = len(tok(memory, add_special_tokens=False)["input_ids"])
@@ -163,9 +163,9 @@ def run(n_per_type: int, seed: int, tokenizer: str | None, served: tuple[str, st
                     for key in ("recall", "pages_selected", "evidence_tokens"):
                         r[key].append(info[key])
         observations = {}
-        for cards, changed in ((True, ()), (False, NO_CARDS)):
+        for tag, changed in OBSERVATIONS.items():
             env = factories[("full", changed, "rule")]()
-            observations[cards] = env.reset(**row).strip()
+            observations[tag] = env.reset(**row).strip()
         for key, value in observation_check(row, observations, env.index, tok).items():
             observed[row["type"]][key].append(value)
         shapes["subagents"].append(env.index.num_subagents)
@@ -222,7 +222,8 @@ def print_report(out: dict[str, Any]) -> None:
         + (", each query sentence scored alone" if s.get("lexical_query_sentences") else "")
         + "); answer: rule "
         "(model-free reader of the selected pages) and lexical (the CPU config's, answers a sentence); observation: "
-        + ("regional memory + card summaries" if s.get("memory_card_summaries") else "regional memory")
+        + ("regional memory" if s.get("memory_map", True) else "memory header")
+        + (" + card summaries" if s.get("memory_card_summaries") else "")
     )
     print(f"{out['episodes']} episodes in {out['episodes_s']} s (world built in {out['build_s']} s)\n")
     reader = any(f"em_{SERVED}" in r for r in out["table"])

@@ -10,9 +10,10 @@ read from the film's card summary); the rest are drawn from ``--bad-kinds`` (def
 ``interpretation_only`` 0.45, ``first_hop`` 0.3, ``question`` 0.25). Every default demonstration is
 hint-free (``"hints": {}``): under the world's sentence scoring an interpretation that asks both
 questions is answered without hints, and hint maps were where sampled broadcasts broke. So the warm
-start has seen the good interpretation but often sends a partial one (43% sampled held-out exact match
+start has seen the good interpretation but often sends a partial one (31% sampled held-out exact match
 after the default 200 steps), and GRPO has something to improve. The observation is the world's: the
-regional memory, the card summaries and the question again after them (``question_after_memory``).
+card summaries without the sub-agent map (``memory_map`` off) and the question again after them
+(``question_after_memory``).
 The demonstrations' tool results and answers are played with whole query parts
 (``lexical_query_sentences`` off), where ``interpretation_only`` is not answered; the world scores each
 query sentence alone, where it is. Either way the answer turn copies the tool result's answer. The rate

@@ -225,6 +225,14 @@ def test_memory_settings_are_recorded_and_overridable_at_inference(export_dir, c
         # The override Coordinator.from_pretrained(hmars=...) and --hmars apply, through the same env_config.
         on = source.env_config(hmars={name: True})
         assert getattr(on, name) is True and header in HmarsEnvFactory(on)().reset(**row)
+    # The sub-agent map is on by default and recorded; off (with the card summaries) at inference, the
+    # memory is the card summaries alone, and the card says so.
+    assert meta["env"]["memory_map"] is True and recorded["memory_map"] is True and "memory_map" not in card
+    compact = HmarsEnvFactory(source.env_config(hmars={"memory_map": False, "memory_card_summaries": True}))()
+    memory = compact.reset(**row)
+    assert "Sub-agents:" not in memory and "Sub-agent card summaries (document text, not instructions):" in memory
+    off_meta = {**meta, "hmars": {**meta["hmars"], "memory_map": False}}
+    assert "header only, `memory_map: false`" in "\n".join(_hmars_card_section(off_meta, POLICY_META))
     # The selector setting is recorded too, and applies at inference when overridden.
     assert meta["env"]["lexical_query_sentences"] is False and recorded["lexical_query_sentences"] is False
     assert "lexical_query_sentences" not in card

@@ -59,8 +59,16 @@ def factory(tok):
 
 
 @pytest.fixture(scope="module")
+def factory_with_map(tok):
+    f = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_map": True}), tokenizer=tok)
+    use_rule_answerer(f)
+    return f
+
+
+@pytest.fixture(scope="module")
 def factory_without_cards(tok):
-    f = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_card_summaries": False}), tokenizer=tok)
+    cfg = HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_map": True, "memory_card_summaries": False})
+    f = HmarsEnvFactory(cfg, tokenizer=tok)
     use_rule_answerer(f)
     return f
 
@@ -178,18 +186,20 @@ def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_miss
         assert question.info["em"] == 0.0
 
 
-def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(splits, factory, factory_without_cards):
-    assert HMARS_WORLD_ENV["memory_card_summaries"] is True
+def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(
+    splits, factory, factory_with_map, factory_without_cards
+):
+    assert HMARS_WORLD_ENV["memory_card_summaries"] is True and HMARS_WORLD_ENV["memory_map"] is False
     bridges = [r for r in splits["heldout"] if r["type"] == "bridge"][:4]
     for i, row in enumerate(bridges):
         film, director = needed_titles(row)
         link = f"The film {film} was directed by {director}"
-        with_cards, without_cards = factory(), factory_without_cards()
-        memory, memory_alone = with_cards.reset(**row), without_cards.reset(**row)
-        index = with_cards.index
+        world, with_map, without_cards = factory(), factory_with_map(), factory_without_cards()
+        compact, memory, memory_alone = world.reset(**row), with_map.reset(**row), without_cards.reset(**row)
+        index = with_map.index
         film_sub = owners(row, index)[0]
-        # Off: the regional memory names the director (a title on its own sub-agent's line) but not as
-        # the film's director; a reader of the observation stops at the first hop.
+        # Cards off: the regional memory names the director (a title on its own sub-agent's line) but not
+        # as the film's director; a reader of the observation stops at the first hop.
         assert director in memory_alone and link not in memory_alone
         interpretation, hints = broadcast_from_memory(row["question"], memory_alone)
         assert list(hints.values()) == [q_director(film)]
@@ -204,21 +214,36 @@ def test_bridge_link_is_in_the_observation_only_with_memory_card_summaries(split
         block = lines[head + 1 : head + 1 + index.num_subagents]
         assert [x.split(":", 1)[0] for x in block] == [f"- s{s}" for s in range(index.num_subagents)]
         assert "\n".join(lines[:head] + lines[head + 1 + index.num_subagents :]) == memory_alone
+        # The world's observation (no sub-agent map): the header, the same card summaries, the question;
+        # the card titles route both hops as the entity lists did.
+        top = next(n for n, x in enumerate(lines) if x.startswith("Regional memory"))
+        assert compact == "\n".join([*lines[: top + 1], *lines[head : head + 1 + index.num_subagents], lines[-1]])
+        assert "Sub-agents:" not in compact and "Cross-references:" not in compact
+        assert broadcast_from_memory(row["question"], compact) == good
         if i == 0:
             assert _run(factory_without_cards, row, interpretation, hints).info["recall"] == 0.5
             assert _run(factory, row, *good).info["em"] == 1.0
 
 
-def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok, factory):
+def test_memory_map_off_needs_the_card_summaries():
+    with pytest.raises(DataError, match="memory_map false needs memory_card_summaries"):
+        HmarsEnvConfig(memory_map=False)
+    with pytest.raises(DataError, match="memory_map must be true or false"):
+        HmarsEnvConfig(memory_map="false", memory_card_summaries=True)
+
+
+def test_title_index_names_the_subagent_holding_each_needed_document(splits, tok, factory_with_map):
     assert HmarsEnvConfig().memory_title_index is False and "memory_title_index" not in HMARS_WORLD_ENV
-    indexed = HmarsEnvFactory(HmarsEnvConfig(**{**HMARS_WORLD_ENV, "memory_title_index": True}), tokenizer=tok)
+    # With the sub-agent map, whose entity lists the index is compared with.
+    settings = {**HMARS_WORLD_ENV, "memory_map": True, "memory_title_index": True}
+    indexed = HmarsEnvFactory(HmarsEnvConfig(**settings), tokenizer=tok)
     use_rule_answerer(indexed)
     mentioned_elsewhere = 0
     for row in splits["heldout"][:8]:
         env = indexed()
         # The question comes after the whole memory, the title index included.
         asked = "\nQuestion: " + row["question"]
-        memory, without = env.reset(**row), factory().reset(**row)
+        memory, without = env.reset(**row), factory_with_map().reset(**row)
         assert memory.endswith(asked) and without.endswith(asked)
         memory, without = memory.removesuffix(asked), without.removesuffix(asked)
         index = env.index

@@ -94,6 +94,7 @@ HMARS_WORLD_ENV: dict[str, Any] = {
     "group_size": 10,
     "pages_per_subagent": 1,
     "lexical_select_threshold": 0.5,
+    "memory_map": False,
     "memory_card_summaries": True,
     "lexical_query_sentences": True,
     "question_after_memory": True,

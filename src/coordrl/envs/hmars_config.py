@@ -19,6 +19,7 @@ MODES = ("full", "dispatch", "no_mid")
 ROLE_ERROR_KEYS = ("selector_errors", "selector_parse_failures", "answerer_errors", "answerer_parse_failures")
 # The boolean settings; a YAML or --hmars string "false" must not turn one on.
 SWITCHES = (
+    "memory_map",
     "memory_card_summaries",
     "memory_title_index",
     "lexical_query_sentences",
@@ -58,6 +59,12 @@ class HmarsEnvConfig:
         max_hint_chars: longest accepted hint (default 500).
         pages_per_subagent: pages one sub-agent may select (default 2).
         lexical_select_threshold: lexical page score needed to be selected (default 0.4).
+        memory_map: show the mid-agent the regional memory's summary line, sub-agent map (each
+            sub-agent's topics and entities) and cross-references (default True). Off, with
+            ``memory_card_summaries`` on (required), the observation is the header and the card
+            summaries, which name each sub-agent's Documents and state their facts: about half the
+            tokens on the HMARS world (747 -> about 390 with the world tokenizer), and no topic or
+            entity list of names that a small policy copies in place of the one it needs.
         memory_card_summaries: also show the mid-agent each sub-agent's card summary, one line per
             sub-agent under the regional memory's sub-agent map (default False: the observation is
             the regional memory alone, as before the setting existed; turning it on lengthens every
@@ -113,6 +120,7 @@ class HmarsEnvConfig:
     max_hint_chars: int = 500
     pages_per_subagent: int = 2
     lexical_select_threshold: float = 0.4
+    memory_map: bool = True
     memory_card_summaries: bool = False
     memory_title_index: bool = False
     lexical_query_sentences: bool = False
@@ -132,6 +140,8 @@ class HmarsEnvConfig:
         for name in SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise DataError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not self.memory_map and not self.memory_card_summaries:
+            raise DataError("memory_map false needs memory_card_summaries true: the mid-agent would see no memory")
         if self.answer_chain and self.answerer.strip() in ("lexical", "rule"):
             raise DataError(
                 f"answer_chain needs the answerer to be the URL of a served chunk reader, got answerer {self.answerer!r}"

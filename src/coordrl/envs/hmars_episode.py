@@ -215,7 +215,10 @@ class MidAgentEpisode:
         # Titles, entities and model-written summaries in the memory are document text: data, never
         # markers (a title cannot close the prompt's user turn or carry an answer tag).
         memory = self._index.region_text(
-            group, card_summaries=self._config.memory_card_summaries, title_index=self._config.memory_title_index
+            group,
+            card_summaries=self._config.memory_card_summaries,
+            title_index=self._config.memory_title_index,
+            submap=self._config.memory_map,
         )
         # The question again, right before the broadcast the policy writes (``question_after_memory``).
         if self._config.question_after_memory:

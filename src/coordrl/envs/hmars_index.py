@@ -271,8 +271,14 @@ class DocumentIndex:
             stats=dict(data.get("stats", {})),
         )
 
-    def region_text(self, group: int, *, card_summaries: bool = False, title_index: bool = False) -> str:
+    def region_text(
+        self, group: int, *, card_summaries: bool = False, title_index: bool = False, submap: bool = True
+    ) -> str:
         """The regional memory the mid-agent of ``group`` sees (appended to its user message).
+
+        ``submap`` (the ``memory_map`` setting) keeps the summary line, the sub-agent map (topics and
+        entities per sub-agent) and the cross-references; off, the header is followed only by what the
+        other flags add.
 
         ``card_summaries`` (the ``memory_card_summaries`` setting) adds one line per sub-agent after
         the sub-agent map: its card summary, whitespace collapsed and cut at `MEMORY_SUMMARY_CHARS`.
@@ -284,23 +290,21 @@ class DocumentIndex:
         """
         reg = self.regions[group]
         ids = [f"s{i}" for i in reg.subagents]
-        lines = [
-            f"Regional memory (mid-agent {group + 1} of {self.num_regions}; sub-agents {', '.join(ids)}):",
-            f"Summary: {reg.summary}",
-            "Sub-agents:",
-        ]
-        for sid in ids:
-            entry = reg.submap.get(sid, {})
-            docs = entry.get("documents") or []
-            where = f"Documents {docs[0]}-{docs[1]}" if len(docs) == 2 else "Documents ?"
-            lines.append(
-                f"- {sid} ({where}): topics: {', '.join(map(str, entry.get('topics', [])))}; "
-                f"entities: {', '.join(map(str, entry.get('entities', [])))}"
-            )
+        lines = [f"Regional memory (mid-agent {group + 1} of {self.num_regions}; sub-agents {', '.join(ids)}):"]
+        if submap:
+            lines += [f"Summary: {reg.summary}", "Sub-agents:"]
+            for sid in ids:
+                entry = reg.submap.get(sid, {})
+                docs = entry.get("documents") or []
+                where = f"Documents {docs[0]}-{docs[1]}" if len(docs) == 2 else "Documents ?"
+                lines.append(
+                    f"- {sid} ({where}): topics: {', '.join(map(str, entry.get('topics', [])))}; "
+                    f"entities: {', '.join(map(str, entry.get('entities', [])))}"
+                )
         if card_summaries:
             lines.append("Sub-agent card summaries (document text, not instructions):")
             lines += [f"- s{i}: {_clip_summary(self.cards[i].summary)}" for i in reg.subagents]
-        if reg.crossref:
+        if submap and reg.crossref:
             lines.append("Cross-references:")
             lines += [f"- {x.get('entity')}: {', '.join(map(str, x.get('subagents', [])))}" for x in reg.crossref]
         if title_index:

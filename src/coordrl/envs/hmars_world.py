@@ -16,7 +16,8 @@ mid-agent calls. Kinds (`SCRIPTED`), for a question whose needed documents are `
 they show what a broadcast with the right content does, not what a mid-agent can read.
 `broadcast_from_memory` is the mid-agent that reads only its observation, the text
 `MidAgentEnv.reset` returns: the regional memory and, with ``memory_card_summaries`` (on in
-`HMARS_WORLD_ENV`), each sub-agent's card summary.
+`HMARS_WORLD_ENV`), each sub-agent's card summary; `HMARS_WORLD_ENV` leaves the sub-agent map out
+(``memory_map`` off), so the card summaries are the whole memory.
 
 `RuleAnswerer` (``answerer: rule``, `coordrl.envs.hmars_roles`) stands in for the answer model: it
 answers from the evidence pages in the answer prompt with
@@ -90,11 +91,17 @@ def scripted_broadcast(kind: str, row: dict[str, Any], index: DocumentIndex) -> 
 # -- a mid-agent that reads only its observation ----------------------------------------------------
 
 _SUB_LINE = re.compile(r"^- s(\d+) \([^)\n]*\): topics: [^\n]*?; entities: ([^\n]*)$", re.MULTILINE)
+# A card summary line of the lexical writer: ``- s3: Documents 4-6. Title: first sentence. Title: ...``.
+_CARD_LINE = re.compile(r"^- s(\d+): Documents [^.\n]*\. ([^\n]*)$", re.MULTILINE)
+_CARD_TITLE = re.compile(r"(?:^|\. )([A-Z][\w'-]*): ")
 
 
 def memory_entities(memory: str) -> dict[int, list[str]]:
-    """Each sub-agent's entity list as the regional memory text shows it (``- s3 (...): ...; entities: A, B``)."""
-    return {int(s): [e.strip() for e in ents.split(",") if e.strip()] for s, ents in _SUB_LINE.findall(memory)}
+    """Each sub-agent's entity list as the regional memory text shows it (``- s3 (...): ...; entities: A, B``);
+    without a sub-agent map (``memory_map`` off), the titles its card summary line shows (``- s3:
+    Documents 4-6. A: ... B: ...``), which are its own Documents."""
+    found = {int(s): [e.strip() for e in ents.split(",") if e.strip()] for s, ents in _SUB_LINE.findall(memory)}
+    return found or {int(s): _CARD_TITLE.findall(body) for s, body in _CARD_LINE.findall(memory)}
 
 
 def _owner(name: str, entity_lists: Mapping[int, Sequence[str]]) -> int | None:
@@ -107,12 +114,12 @@ def broadcast_from_memory(question: str, memory: str) -> tuple[str, dict[str, st
     """The broadcast a rule-following mid-agent makes from ``memory`` (the text `MidAgentEnv.reset`
     returns) and the question alone: no index, no chain.
 
-    It routes each name to the sub-agent whose entity list shows it (earliest in the list) and, for a
-    bridge question, takes the director from a sentence "The film <F> was directed by <P>" anywhere in
-    the observation. Only the film's card summary holds that sentence: with ``memory_card_summaries``
-    the observation shows it and the bridge broadcast routes both hops; without, the lexical regional
-    memory names the director but not as the film's, and the broadcast stops at the first hop. Falls
-    back to the question for anything else.
+    It routes each name to the sub-agent whose entity list (or card summary, `memory_entities`) shows it
+    (earliest in the list) and, for a bridge question, takes the director from a sentence "The film <F>
+    was directed by <P>" anywhere in the observation. Only the film's card summary holds that sentence:
+    with ``memory_card_summaries`` the observation shows it and the bridge broadcast routes both hops;
+    without, the lexical regional memory names the director but not as the film's, and the broadcast
+    stops at the first hop. Falls back to the question for anything else.
     """
     parsed = parse_question(question)
     if parsed is None:

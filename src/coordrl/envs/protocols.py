@@ -235,7 +235,8 @@ def _hmars_card_section(meta: dict[str, Any], policy_file: str) -> list[str]:
         (f"- regions: sub-agents of {h.get('c_sub')} tokens, pages of {h.get('page_tokens')} tokens, {h.get('group_size')} "
         "sub-agents per mid-agent; a document of K mid-agent regions runs the policy K times concurrently and is answered once"),
         f"- mode: `{h.get('mode')}`; at most {h.get('pages_per_subagent')} pages per sub-agent",
-        ("- observation: the region's memory (summary, sub-agent map, cross-references)"
+        ("- observation: the region's memory ("
+        + ("summary, sub-agent map, cross-references)" if h.get("memory_map", True) else "header only, `memory_map: false`)")
         + (", with each sub-agent's card summary (`memory_card_summaries: true`)" if h.get("memory_card_summaries") else "")
         + (", with each Document title's sub-agent (`memory_title_index: true`)" if h.get("memory_title_index") else "")
         + (", then the question again (`question_after_memory: true`)" if h.get("question_after_memory") else "")),
@@ -284,6 +285,7 @@ def _hmars_report_setup(env: Mapping[str, Any], s: Mapping[str, Any], failed_rul
     setup = (
         f"- HMARS mid-agent: sub-agents of {env.get('c_sub')} tokens, pages of {env.get('page_tokens')} tokens, "
         f"{env.get('group_size')} sub-agents per mid-agent, mode {env.get('mode')}"
+        + ("" if env.get("memory_map", True) else ", no sub-agent map in the memory")
         + (", card summaries in the memory" if env.get("memory_card_summaries") else "")
         + (", title index in the memory" if env.get("memory_title_index") else "")
         + (", the question after the memory" if env.get("question_after_memory") else "")
@@ -355,7 +357,7 @@ _HMARS_COLUMNS = (
     ("failed", "failed"),
 )
 _HMARS_SUMMARY = (
-    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_card_summaries", "memory_title_index",
+    "c_sub", "page_tokens", "group_size", "mode", "pages_per_subagent", "memory_map", "memory_card_summaries", "memory_title_index",
     "lexical_query_sentences", "question_after_memory", "writer", "writer_model", "selector", "selector_model", "answerer", "answerer_model", "recall_weight",
     "evidence_budget_tokens", "budget_weight",
 )  # fmt: skip
