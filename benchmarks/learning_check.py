@@ -4,7 +4,7 @@
    one in ``src/coordrl/resources/warm_start``).
 2. For each seed: GRPO through `coordrl.train.run.train` with ``configs/world_cpu.yaml`` (the same code
    path as ``coordrl train``), exactly ``--steps`` optimizer steps (default: the config's ``max_steps``,
-   150 for PARSER, 60 for HMARS; 130 through served readers). The work is fixed
+   150 for PARSER, 90 for HMARS; 130 through served readers). The work is fixed
    and the wall time is measured and reported against the time targets, never used to stop the work,
    so the verdict of a seed does not depend on how fast the machine is (``--minutes`` adds an explicit
    wall-clock cap for those who want one).
