@@ -62,9 +62,9 @@ class HmarsEnvConfig:
         memory_map: show the mid-agent the regional memory's summary line, sub-agent map (each
             sub-agent's topics and entities) and cross-references (default True). Off, with
             ``memory_card_summaries`` on (required), the observation is the header and the card
-            summaries, which name each sub-agent's Documents and state their facts: about half the
-            tokens on the HMARS world (747 -> about 390 with the world tokenizer), and no topic or
-            entity list of names that a small policy copies in place of the one it needs.
+            summaries, which name each sub-agent's Documents and state their facts: half the tokens
+            on the HMARS world (747 -> 361 with the world tokenizer), so half the prompt to forward
+            at every training and generation step.
         memory_card_summaries: also show the mid-agent each sub-agent's card summary, one line per
             sub-agent under the regional memory's sub-agent map (default False: the observation is
             the regional memory alone, as before the setting existed; turning it on lengthens every
