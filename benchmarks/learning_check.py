@@ -688,7 +688,8 @@ def run_identity(
     a: argparse.Namespace, overrides: dict[str, str], warm_sha256: str | None, reader_sha256: str | None = None
 ) -> dict:
     """What a seed's figures depend on, so that ``--resume`` only keeps seeds of the same run. The served
-    readers' URL is left out (a resumed run starts its own server on another port); the served reader's
+    readers' URL is left out (a resumed run starts its own server on another port) and the served model's
+    folder is kept relative to the repository (a clone elsewhere is the same run); the served reader's
     weights are in (``reader_sha256``: a rebuilt reader gives other findings)."""
     identity = {
         "protocol": a.protocol,
@@ -697,22 +698,35 @@ def run_identity(
         "minutes": a.minutes,
         "eval_n": a.eval_n,
         "warm_start_sha256": warm_sha256,
-        "overrides": {k: _without_url(k, v) for k, v in sorted(overrides.items()) if k != "readers"},
+        "overrides": {k: _identity_value(k, v) for k, v in sorted(overrides.items()) if k != "readers"},
     }
     if reader_sha256 is not None:
         identity["reader_sha256"] = reader_sha256
     return identity
 
 
-def _without_url(key: str, value: str) -> str:
-    """An override as a run's identity holds it: a served HMARS answer role's URL (a new port each run)
-    left out of the ``hmars`` settings."""
+def _in_repository(path: str) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+def _identity_value(key: str, value: str) -> str:
+    """An override as a run's identity holds it: the served reader's folder (``reader_model``, an HMARS
+    served answer role's ``answerer_model``) relative to the repository, and the answer role's URL (a new
+    port each run) left out of the ``hmars`` settings."""
     import yaml
 
+    if key == "reader_model":
+        return _in_repository(value)
     settings = yaml.safe_load(value) if key == "hmars" else None  # JSON or the user's YAML
     if not (isinstance(settings, dict) and settings.get("answer_chain")):
         return value
-    return json.dumps({**settings, "answerer": "served"}, sort_keys=True)
+    model = settings.get("answerer_model")
+    portable = {"answerer": "served", "answerer_model": _in_repository(model) if isinstance(model, str) else model}
+    return json.dumps({**settings, **portable}, sort_keys=True)
 
 
 def finished_seeds(record: Path, run: dict) -> dict[int, dict]:

@@ -404,6 +404,10 @@ def test_learning_check_hmars_through_a_served_answer_role(tmp_path):
     assert check.run_identity(a, overrides, "w" * 64) == check.run_identity(a, moved, "w" * 64)
     other = check.served_answer_overrides({"beta": "0.1"}, role)
     assert check.run_identity(a, overrides, "w" * 64) != check.run_identity(a, other, "w" * 64)
+    # The served reader's folder is held relative to the repository: a clone elsewhere resumes the same run.
+    kept = check.served_answer_overrides({}, {**role, "answerer_model": str(check.READER_MODEL)})
+    held = json.loads(check.run_identity(a, kept, "w" * 64)["overrides"]["hmars"])
+    assert held["answerer_model"] == "src/coordrl/resources/world_reader" and held["answerer"] == "served"
     assert check.warm_start_settings(check.setup_for("hmars", "vllm"), role, overrides) == {}
 
 

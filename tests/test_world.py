@@ -416,6 +416,15 @@ def test_learning_check_resume_refuses_seeds_read_by_another_reader_model(tmp_pa
     assert sha == hashlib.sha256(b"reader weights").hexdigest() and check.weights_sha256(tmp_path / "none") is None
     earlier = check.run_identity(a, {"readers": "http://127.0.0.1:1"}, "w" * 64, sha)
     assert "readers" not in earlier["overrides"] and earlier["reader_sha256"] == sha
+    # The served model's folder is held relative to the repository (a clone elsewhere is the same run);
+    # a folder outside it stays as given.
+    served = {"readers": "http://127.0.0.1:1", "reader_model": str(check.READER_MODEL)}
+    assert (
+        check.run_identity(a, served, "w" * 64, sha)["overrides"]["reader_model"]
+        == "src/coordrl/resources/world_reader"
+    )
+    outside = {"reader_model": str(tmp_path)}
+    assert check.run_identity(a, outside, "w" * 64, sha)["overrides"]["reader_model"] == str(tmp_path)
     record = tmp_path / "learning_check.json"
     record.write_text(json.dumps({"run": earlier, "seeds": {"2": {"steps": 130}}}))
     assert list(check.finished_seeds(record, check.run_identity(a, {"readers": "http://127.0.0.1:2"}, "w" * 64, sha)))
