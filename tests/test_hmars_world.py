@@ -340,6 +340,29 @@ def test_demonstrations_render_the_broadcast_and_the_reported_answer_with_loss_o
         f.close()
 
 
+def test_warm_start_demonstrations_do_not_depend_on_play_order_and_share_the_probed_prefix(splits, tok):
+    # The builder plays a demonstration when it is first drawn. That trains the weights that playing all of
+    # them first trained only if a demonstration depends on its question and kind alone, and if the prefix
+    # it probes from the first bridge and the first comparison question is the one every demonstration shares.
+    from coordrl.envs.chat import ChatCodec
+    from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
+
+    kinds = list(load_script("scripts/build_hmars_warm_start.py").BAD_KINDS)
+    rows = splits["train"][:6]
+    codec, f = ChatCodec(tok), make_hmars_env_factory(tok, lexical_query_sentences=False)
+    try:
+        ahead = {(k, i): hmars_demo_ids(rows[i], k, codec, f) for i in range(len(rows)) for k in kinds}
+        drawn = {(k, i): hmars_demo_ids(rows[i], k, codec, f) for i in (4, 1, 5, 0, 3, 2) for k in reversed(kinds)}
+    finally:
+        f.close()
+    assert drawn == ahead
+    every = [ids for ids, _ in ahead.values()]
+    shared = min(next(j for j, (x, y) in enumerate(zip(every[0], ids)) if x != y) for ids in every[1:])
+    bridge, comparison = (next(i for i, r in enumerate(rows) if r["type"] == t) for t in ("bridge", "comparison"))
+    a, b = ahead[kinds[0], bridge][0], ahead[kinds[0], comparison][0]
+    assert next(j for j, (x, y) in enumerate(zip(a, b)) if x != y) == shared
+
+
 def test_train_data_hmars_world_is_laid_out_with_the_policy_tokenizer_and_other_page_sizes_are_refused(tmp_path, tok):
     from coordrl.train.config import ConfigError, load_config
     from coordrl.train.run import _check_world_layout, _dataset
