@@ -14,9 +14,9 @@ start has seen the good interpretation but often sends a partial one (35% sample
 after the default 300 steps; greedy decoding picks ``first_hop``, the likeliest single broadcast, and
 scores 18%), and GRPO has something to improve. 300 steps rather than 200 teach the director lookup
 better (greedy bridge 94% against 78% with the earlier 0.45 / 0.3 / 0.25 mix), and the lower share of
-``interpretation_only`` keeps the sampled rate inside the 25-45% design (47% with that mix). The observation is the world's: the
-card summaries without the sub-agent map (``memory_map`` off) and the question again after them
-(``question_after_memory``).
+``interpretation_only`` keeps the sampled rate inside the 25-45% design (47% with that mix). The
+observation is the world's: the card summaries without the sub-agent map (``memory_map`` off) and the
+question again after them (``question_after_memory``).
 The demonstrations' tool results and answers are played with whole query parts
 (``lexical_query_sentences`` off), where ``interpretation_only`` is not answered; the world scores each
 query sentence alone, where it is. Either way the answer turn copies the tool result's answer. The rate
@@ -112,9 +112,11 @@ def build(
         closing.callback(factory.close)
         train = splits["train"]
         # Demonstrations are played when first drawn: the default 300 steps of 8 draw about 1,500 of the
-        # 3,200 (question, kind) pairs, and playing one takes about 17 ms, so this saves about 28 s of a
-        # build against the 10-minute target. The draws, and so the weights, are the same as playing all
-        # of them first (tests/test_hmars_world.py builds both ways and compares the bytes).
+        # 3,200 (question, kind) pairs, and playing one takes about 17 ms, so this saves about 29 s of a
+        # build against the 10-minute target. The draws, and so the weights, are those of playing all of
+        # them first: a demonstration depends on its question and kind alone, and every one starts with
+        # the probed prefix (tests/test_hmars_world.py checks both; the default build gave the same
+        # weights both ways, docs/hmars_world.md).
         demos: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
 
         def demo(kind: str, i: int) -> tuple[list[int], list[int]]:
@@ -185,7 +187,7 @@ def build(
             if step % 25 == 0 or step <= 3:
                 history.append({"step": step, "loss": round(loss.item(), 4), "s": round(time.time() - t0, 1)})
                 log(f"step {step}: loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
-        sft_s = time.time() - t_sft
+        sft_s = time.time() - t_sft  # playing the drawn demonstrations included
         log(
             f"{len(demos)} demonstrations played; mean length {sum(len(d[0]) for d in demos.values()) / len(demos):.0f}"
         )
