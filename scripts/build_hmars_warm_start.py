@@ -111,29 +111,38 @@ def build(
         factory = make_hmars_env_factory(tok, lexical_query_sentences=False)
         closing.callback(factory.close)
         train = splits["train"]
+
         # Demonstrations are played when first drawn: the default 300 steps of 8 draw about 1,500 of the
         # 3,200 (question, kind) pairs, and playing one takes about 17 ms, so this saves about 29 s of a
         # build against the 10-minute target. The draws, and so the weights, are those of playing all of
         # them first: a demonstration depends on its question and kind alone, and every one starts with
         # the probed prefix (tests/test_hmars_world.py checks both; the default build gave the same
         # weights both ways, docs/hmars_world.md).
-        demos: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
-
-        def demo(kind: str, i: int) -> tuple[list[int], list[int]]:
-            if (kind, i) not in demos:
-                demos[kind, i] = hmars_demo_ids(train[i], kind, codec, factory)
-            return demos[kind, i]
+        def play(kind: str, i: int) -> tuple[list[int], list[int]]:
+            return hmars_demo_ids(train[i], kind, codec, factory)
 
         # Every prompt starts with the system prompt and tool schema; the first token of the question ends
         # that prefix, and a bridge and a comparison question differ there.
         firsts = [next((i for i, r in enumerate(train) if r["type"] == t), None) for t in ("bridge", "comparison")]
         if None in firsts:
             raise ValueError(f"n_train={n_train} lays out one question type; use at least 2 (types alternate)")
-        a, b = (demo(next(iter(bad_kinds), "good"), i)[0] for i in firsts)
+        probe = next(iter(bad_kinds), "good")
+        demos: dict[tuple[str, int], tuple[list[int], list[int]]] = {(probe, i): play(probe, i) for i in firsts}
+        a, b = (demos[probe, i][0] for i in firsts)
         prefix_len = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         prefix_ids = a[:prefix_len]
         prefix = torch.tensor([prefix_ids])
         log(f"shared prompt prefix: {prefix_len} tokens ({time.time() - t0:.0f}s)")
+
+        def demo(kind: str, i: int) -> tuple[list[int], list[int]]:
+            if (kind, i) not in demos:
+                demos[kind, i] = play(kind, i)
+                if demos[kind, i][0][:prefix_len] != prefix_ids:
+                    raise RuntimeError(
+                        f"demonstration of training question {i} does not start with the shared prompt prefix"
+                    )
+            return demos[kind, i]
+
         heavy = {tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names}
         heavy |= {i for d in "0123456789" for i in tok(d, add_special_tokens=False)["input_ids"]}
         pad = tok.pad_token_id
@@ -141,12 +150,7 @@ def build(
 
         def pick() -> tuple[list[int], list[int]]:
             i = rng.randrange(len(train))
-            ids, mask = demo("good", i) if rng.random() < p_good else demo(rng.choices(kinds, weights)[0], i)
-            if ids[:prefix_len] != prefix_ids:
-                raise RuntimeError(
-                    f"demonstration of training question {i} does not start with the shared prompt prefix"
-                )
-            return ids, mask
+            return demo("good", i) if rng.random() < p_good else demo(rng.choices(kinds, weights)[0], i)
 
         def loss_of(picked: list[tuple[list[int], list[int]]]) -> torch.Tensor:
             from transformers import DynamicCache
