@@ -6,15 +6,18 @@ copies world names into tool calls) and fine-tunes it on scripted HMARS world ep
 by TRL's template, the ``broadcast`` tool call, the tool result, the answer turn). Demonstrations are
 deliberately imperfect: a fraction ``--p-good`` (default 0) broadcast the good broadcast (both
 queries, each routed to the sub-agent holding its name; the bridge's second query names the director,
-read from the film's card summary); the rest are drawn from ``--bad-kinds`` (default
-``interpretation_only`` 0.38, ``first_hop`` 0.35, ``question`` 0.27). Every default demonstration is
-hint-free (``"hints": {}``): under the world's sentence scoring an interpretation that asks both
-questions is answered without hints, and hint maps were where sampled broadcasts broke. So the warm
-start has seen the good interpretation but often sends a partial one (35% sampled held-out exact match
-after the default 300 steps; greedy decoding picks ``first_hop``, the likeliest single broadcast, and
-scores 18%), and GRPO has something to improve. 300 steps rather than 200 teach the director lookup
-better (greedy bridge 94% against 78% with the earlier 0.45 / 0.3 / 0.25 mix), and the lower share of
-``interpretation_only`` keeps the sampled rate inside the 25-45% design (47% with that mix). The
+read from the film's card summary); the rest are drawn per question type: bridge questions from
+``--bridge-kinds`` (default ``interpretation_only`` 0.55, ``first_hop`` 0.25, ``question`` 0.2),
+comparisons from ``--bad-kinds`` (default ``interpretation_only`` 0.3, ``first_hop`` 0.4, ``question``
+0.3). ``interpretation_only`` and ``question`` send no hints (``"hints": {}``): under the world's sentence
+scoring an interpretation that asks both questions is answered without hints, and hint maps were where
+sampled broadcasts broke; ``first_hop`` routes its one query with a one-entry map. So the warm start has
+seen the good interpretation but often sends a partial one (37% sampled held-out exact match after the
+default 300 steps), and GRPO has something to improve. Bridge questions get the larger share of complete
+demonstrations because the one step GRPO barely moves is the bridge's director lookup (reading, from the
+film's card, the name the question does not give; ``benchmarks/hmars_lookup.py``): the sampled rate
+after GRPO follows what the warm start learned there, while comparisons copy both names from the
+question. The comparisons' smaller share keeps the sampled rate inside the 25-45% design. The
 observation is the world's: the card summaries without the sub-agent map (``memory_map`` off) and the
 question again after them (``question_after_memory``).
 The demonstrations' tool results and answers are played with whole query parts
@@ -48,7 +51,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-BAD_KINDS = {"interpretation_only": 0.38, "first_hop": 0.35, "question": 0.27}
+# Broadcast kinds of the demonstrations and their weights: comparisons (and bridge questions too when a
+# caller gives only ``bad_kinds``), and bridge questions.
+BAD_KINDS = {"interpretation_only": 0.3, "first_hop": 0.4, "question": 0.3}
+BRIDGE_KINDS = {"interpretation_only": 0.55, "first_hop": 0.25, "question": 0.2}
 
 
 def log(msg: str) -> None:
@@ -66,6 +72,30 @@ def lr_at(step: int, steps: int, *, lr: float, warmup: int, lr_end: float | None
     return lr_end + (lr - lr_end) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
+def draw(rng: random.Random, train: list[dict], p_good: float, mixes: dict[str, dict[str, float]]) -> tuple[str, int]:
+    """One demonstration: ``(kind, index into train)``. A uniform training question, the good broadcast
+    with probability ``p_good``, else a kind drawn from the weights ``mixes[question type]``."""
+    i = rng.randrange(len(train))
+    if rng.random() < p_good:
+        return "good", i
+    mix = mixes[train[i]["type"]]
+    return rng.choices(list(mix), list(mix.values()))[0], i
+
+
+def check_kinds(**mixes: dict[str, float]) -> None:
+    """Refuse a mix naming an unknown broadcast kind or without a positive weight before any work, not at the
+    first draw of that kind minutes into the build."""
+    from coordrl.envs.hmars_world import SCRIPTED
+
+    for name, mix in mixes.items():
+        flag = f"{name} (--{name.replace('_', '-')})"
+        unknown = [k for k in mix if k not in SCRIPTED]
+        if unknown:
+            raise ValueError(f"{flag}: unknown broadcast kind(s) {unknown}; use {', '.join(SCRIPTED)}")
+        if any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+            raise ValueError(f"{flag}: weights must be >= 0 with a positive sum, got {mix}")
+
+
 def build(
     out: Path,
     *,
@@ -80,6 +110,7 @@ def build(
     warmup: int = 20,
     lr_end: float | None = 1e-4,
     bad_kinds: dict[str, float] | None = None,
+    bridge_kinds: dict[str, float] | None = None,
     name_weight: float = 4.0,
     threads: int | None = 2,
 ) -> dict:
@@ -99,7 +130,9 @@ def build(
     closing = contextlib.ExitStack()  # the environment factory's backends, closed however the build ends
     try:
         t0 = time.time()
+        bridge_kinds = dict(bridge_kinds or bad_kinds or BRIDGE_KINDS)
         bad_kinds = dict(bad_kinds or BAD_KINDS)
+        check_kinds(bad_kinds=bad_kinds, bridge_kinds=bridge_kinds)
         rng = random.Random(seed)
         torch.manual_seed(seed)
         init = init or ROOT / "src" / "coordrl" / "resources" / "warm_start"
@@ -146,11 +179,10 @@ def build(
         heavy = {tok(f" {n}", add_special_tokens=False)["input_ids"][0] for n in make_world(0).names}
         heavy |= {i for d in "0123456789" for i in tok(d, add_special_tokens=False)["input_ids"]}
         pad = tok.pad_token_id
-        kinds, weights = list(bad_kinds), list(bad_kinds.values())
+        mixes = {"bridge": bridge_kinds, "comparison": bad_kinds}
 
         def pick() -> tuple[list[int], list[int]]:
-            i = rng.randrange(len(train))
-            return demo("good", i) if rng.random() < p_good else demo(rng.choices(kinds, weights)[0], i)
+            return demo(*draw(rng, train, p_good, mixes))
 
         def loss_of(picked: list[tuple[list[int], list[int]]]) -> torch.Tensor:
             from transformers import DynamicCache
@@ -210,6 +242,7 @@ def build(
             "steps": steps,
             "p_good": p_good,
             "bad_kinds": bad_kinds,
+            "bridge_kinds": bridge_kinds,
             "n_train": n_train,
             "lr": lr,
             "batch": batch,
@@ -267,7 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         "--bad-kinds",
         type=_kinds,
         default=None,
-        help="the other demonstrations' broadcast kinds and weights, e.g. first_hop=0.5,question=0.5",
+        help="the other demonstrations' broadcast kinds and weights for comparisons (and bridge questions "
+        "without --bridge-kinds), e.g. first_hop=0.5,question=0.5 (default interpretation_only=0.3,first_hop=0.4,"
+        "question=0.3)",
+    )
+    p.add_argument(
+        "--bridge-kinds",
+        type=_kinds,
+        default=None,
+        help="the same for bridge questions (default: --bad-kinds when given, else interpretation_only=0.55,"
+        "first_hop=0.25,question=0.2)",
     )
     p.add_argument("--name-weight", type=float, default=4.0)
     p.add_argument(

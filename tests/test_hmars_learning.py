@@ -9,14 +9,16 @@ chains never occur in training.
 The measure is the episode reward (exact match + 0.5 x recall), not exact match alone: recall moves
 before exact match does (one routed hop counts), so a short run shows it above the sampling noise.
 Threshold: ``MIN_GAIN`` = 0.10. Measured with exactly this setup (the kept warm start: 300 SFT steps on
-the card-summary memory; the config's four questions per generation batch, KL 0.04 and 96-token turns,
-12 steps) on 2 AVX2-only EPYC cores: 0.562 -> 1.100 (+0.538; exact match 30% -> 70%, recall 0.53 ->
-0.80), 1.7 minutes for the test. Noise without learning: the warm start's reward over sampling seeds
-0-5 on the same 60 questions spans 0.450-0.621 (stdev 0.068), and the test samples both evaluations with
-seed 0, so unchanged weights score exactly the same before and after; weights moved by a broken reward,
-loss mask, tool loop or observation have no reason to gain, let alone 0.10. (Earlier kept warm starts:
-0.642 -> 0.896 after 200 SFT steps; 0.817 -> 0.996 with the sub-agent map in the memory; 0.575 -> 0.825
-with 24 steps of two questions.)
+the card-summary memory, more complete demonstrations for bridge questions than for comparisons; the
+config's four questions per generation batch, KL 0.04 and 96-token turns, 12 steps) on 2 AVX2-only EPYC
+cores: 0.679 -> 0.946 (+0.267; exact match 38% -> 60%, recall 0.59 -> 0.69), 1.7 minutes for the test.
+Noise without learning: the warm start's reward over sampling seeds 0-5 on the same 60 questions spans
+0.433-0.679 (stdev 0.10; seed 0 is the top of it), and the test samples both evaluations with seed 0,
+so unchanged weights score exactly the same before and after; weights moved by a broken reward, loss
+mask, tool loop or observation have no reason to gain, let alone 0.10. (Earlier kept warm starts:
+0.562 -> 1.100 with the same share of complete demonstrations for both types; 0.642 -> 0.896 after 200
+SFT steps; 0.817 -> 0.996 with the sub-agent map in the memory; 0.575 -> 0.825 with 24 steps of two
+questions.)
 
 GRPO runs in fp32 on every CPU (``bf16: false``), as ``bf16: auto`` runs it on AVX2-only machines: with
 native bf16 (AVX512-BF16 / AMX cores) ``auto`` trains under bf16 autocast, a different numeric path, and

@@ -464,7 +464,7 @@ def test_kept_hmars_warm_start_is_what_the_builder_builds_by_default():
     mod = load_script("scripts/build_hmars_warm_start.py")
     meta = json.loads((Path(resolve_model(HMARS_WORLD_MODEL)) / "coordrl_warm_start.json").read_text())
     built_with = defaults(mod.build)
-    assert meta["bad_kinds"] == mod.BAD_KINDS
+    assert meta["bad_kinds"] == mod.BAD_KINDS and meta["bridge_kinds"] == mod.BRIDGE_KINDS
     for key in ("seed", "steps", "p_good", "n_train", "lr", "batch", "warmup", "name_weight"):
         assert meta[key] == built_with[key], key
     # Builds from before the rate could decay say nothing of lr_end: their rate was constant.
@@ -483,3 +483,53 @@ def test_learning_check_records_which_warm_start_it_started_from():
     assert record["sha256"] == hashlib.sha256((kept / "model.safetensors").read_bytes()).hexdigest()
     meta = json.loads((kept / "coordrl_warm_start.json").read_text())
     assert record["recipe"]["steps"] == meta["steps"] and "history" not in record["recipe"]
+
+
+def test_lookup_benchmark_stops_each_broadcast_just_before_the_name_read_from_the_memory(splits):
+    # benchmarks/hmars_lookup.py reads the policy's next-token distribution where the second query's name
+    # goes: the director for a bridge question (the question never names them), the other person for a
+    # comparison. A prefix cut one token off would measure something else.
+    from transformers import AutoTokenizer
+
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(HMARS_WORLD_MODEL))
+    bench = load_script("benchmarks/hmars_lookup.py")
+    with pytest.raises(ValueError, match="tokens; use a world policy"):
+        bench.lookup_prefixes(load_tokenizer(None), 2)
+    prefixes = bench.lookup_prefixes(tok, 4)
+    rows = splits["heldout"][:4]
+    assert [kind for kind, _, _ in prefixes] == [row["type"] for row in rows]
+    for (kind, ids, name_id), row in zip(prefixes, rows, strict=True):
+        name = needed_titles(row)[1]
+        assert tok.decode([name_id]).strip() == name and name not in tok.decode(ids).split("<|im_start|>assistant")[-1]
+        head = "In which city was" if kind == "bridge" else "In which decade was"
+        assert tok.decode(ids).endswith(f"? {head}"), tok.decode(ids[-12:])
+        if kind == "bridge":
+            assert name not in row["question"]
+
+
+def test_warm_start_builder_draws_each_question_types_kinds_from_its_own_mix():
+    import random
+
+    draw = load_script("scripts/build_hmars_warm_start.py").draw
+    train = [{"type": "bridge"}, {"type": "comparison"}] * 50
+    mixes = {"bridge": {"interpretation_only": 0.6, "first_hop": 0.4}, "comparison": {"question": 1.0}}
+    rng = random.Random(0)
+    drawn = [draw(rng, train, 0.0, mixes) for _ in range(400)]
+    by_type = {t: [k for k, i in drawn if train[i]["type"] == t] for t in mixes}
+    assert set(by_type["comparison"]) == {"question"}
+    assert set(by_type["bridge"]) == {"interpretation_only", "first_hop"}
+    assert 0.5 < by_type["bridge"].count("interpretation_only") / len(by_type["bridge"]) < 0.7
+    assert {k for k, _ in (draw(random.Random(1), train, 1.0, mixes) for _ in range(5))} == {"good"}
+
+
+def test_warm_start_builder_refuses_an_unknown_kind_or_weightless_mix_naming_the_flag():
+    check = load_script("scripts/build_hmars_warm_start.py").check_kinds
+    check(bad_kinds={"question": 1.0}, bridge_kinds={"interpretation_only": 0.5, "first_hop": 0.5})
+    with pytest.raises(
+        ValueError, match=r"bridge_kinds \(--bridge-kinds\): unknown broadcast kind\(s\) \['frist_hop'\]"
+    ):
+        check(bad_kinds={"question": 1.0}, bridge_kinds={"frist_hop": 1.0})
+    with pytest.raises(ValueError, match=r"bad_kinds \(--bad-kinds\): weights must be"):
+        check(bad_kinds={"question": 0.0})
