@@ -159,7 +159,7 @@ def build(
         firsts = [next((i for i, r in enumerate(train) if r["type"] == t), None) for t in ("bridge", "comparison")]
         if None in firsts:
             raise ValueError(f"n_train={n_train} lays out one question type; use at least 2 (types alternate)")
-        probe = next(iter(bad_kinds), "good")
+        probe = next(iter(bad_kinds))  # check_kinds refused an empty mix
         demos: dict[tuple[str, int], tuple[list[int], list[int]]] = {(probe, i): play(probe, i) for i in firsts}
         a, b = (demos[probe, i][0] for i in firsts)
         prefix_len = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
