@@ -91,6 +91,7 @@ VARIANTS: list[tuple[str, str, tuple[tuple[str, bool], ...], Broadcast]] = [
     ("good", "full", (), _scripted("good")),
     ("first_hop", "full", (), _scripted("first_hop")),
     ("interpretation_only", "full", (), _scripted("interpretation_only")),
+    ("second_hop", "full", (), _scripted("second_hop")),
     ("misrouted", "full", (), _scripted("misrouted")),
     ("interpretation_only, whole", "full", WHOLE, _scripted("interpretation_only")),
     ("misrouted, whole", "full", WHOLE, _scripted("misrouted")),

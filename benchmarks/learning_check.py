@@ -794,6 +794,7 @@ def check(
     """The learning check itself (module docstring); ``served``: the readers of ``--readers vllm``,
     already in ``overrides``."""
     from coordrl.readers.meter import CallMeter
+    from coordrl.software import software
 
     setup = setup_for(a.protocol, a.readers)
     if setup.protocol == "parser":
@@ -879,6 +880,8 @@ def check(
             "train_broadcast_calls_per_episode": statistics.mean(broadcast) if broadcast else None,
             "train_reader_calls_per_step": sum(calls) * per_batch / steps if calls else None,
             "train_broadcast_calls_per_step": sum(broadcast) * per_batch / steps if broadcast else None,
+            # Per seed, as --resume may join seeds run with other libraries or on another host.
+            "software": software(),
         }
         if served:
             results["seeds"][seed]["readers"] = reader_figures(meter, steps, step_s, marks)

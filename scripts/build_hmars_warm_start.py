@@ -50,7 +50,12 @@ from pathlib import Path
 
 import torch
 
+from coordrl.software import CAPABILITY_HELP, pin_cpu_capability
+
 ROOT = Path(__file__).resolve().parents[1]
+# The SIMD level torch ran the kept HMARS world warm start at (its recorded losses repeat at this level only; the
+# pin makes a rebuild byte-identical on any host that has it; docs/world_reader.md).
+KEPT_CPU_CAPABILITY = "avx512"
 # Broadcast kinds of the demonstrations and their weights: comparisons (and bridge questions too when a
 # caller gives only ``bad_kinds``), and bridge questions.
 BAD_KINDS = {"interpretation_only": 0.3, "first_hop": 0.4, "question": 0.3}
@@ -315,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=2, help="torch threads (fixed, so the weights do not depend on the core count)"
     )
+    p.add_argument(
+        "--cpu-capability", default=KEPT_CPU_CAPABILITY, help=CAPABILITY_HELP.format(default=KEPT_CPU_CAPABILITY)
+    )
     a = p.parse_args(argv)
+    pin_cpu_capability(a.cpu_capability)
     # Every other flag is a keyword of build() of the same name.
-    rest = {k: v for k, v in vars(a).items() if k not in ("out", "init")}
+    rest = {k: v for k, v in vars(a).items() if k not in ("out", "init", "cpu_capability")}
     build(Path(a.out), init=Path(a.init) if a.init else None, **rest)
     return 0
 

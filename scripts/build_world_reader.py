@@ -59,8 +59,12 @@ from pathlib import Path
 import torch
 
 from coordrl.data.world_reader import META_NAME
+from coordrl.software import CAPABILITY_HELP, pin_cpu_capability
 
 ROOT = Path(__file__).resolve().parents[1]
+# The SIMD level torch ran the kept world reader at (its recorded losses repeat at this level only; the
+# pin makes a rebuild byte-identical on any host that has it; docs/world_reader.md).
+KEPT_CPU_CAPABILITY = "avx2"
 DEFAULT_OUT = ROOT / "src" / "coordrl" / "resources" / "world_reader"
 
 # The recipe; the kept model's metadata records exactly these (a test checks they match).
@@ -170,6 +174,7 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
     from coordrl.data.tokenizer import save_tokenizer
     from coordrl.data.world import DECADES, make_world, world_splits
     from coordrl.data.world_reader import eval_examples, sample_chunk, score_replies
+    from coordrl.software import software
 
     cfg = {**DEFAULTS, **overrides}
     unknown = set(overrides) - set(DEFAULTS)
@@ -309,6 +314,8 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
         "build_seconds": round(time.time() - t0, 1),
         "heldout": figures,
         "history": history,
+        # Library versions and host: one recipe gave other weights after the libraries were reinstalled.
+        "software": software(),
     }
     (tmp / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -351,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument(
+        "--cpu-capability", default=KEPT_CPU_CAPABILITY, help=CAPABILITY_HELP.format(default=KEPT_CPU_CAPABILITY)
+    )
+    p.add_argument(
         "--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end"
     )
     a = p.parse_args(argv)
@@ -376,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         }.items()
         if v != DEFAULTS[k]
     }
+    pin_cpu_capability(a.cpu_capability)
     build(Path(a.out), threads=a.threads, **overrides)
     return 0
 

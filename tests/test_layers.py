@@ -15,13 +15,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "coordrl"
 # Each unit and the units it may import (besides itself). Top-level helper modules are units too.
 ALLOWED: dict[str, set[str]] = {
     "rewards": set(),
+    "software": set(),
     "data": {"rewards"},
     "rundir": {"data"},
     "readers": {"data", "rewards"},
     "testing": {"readers"},
     "envs": {"data", "rewards", "readers", "rundir"},
-    "rollout": {"data", "rewards", "readers", "envs"},
-    "train": {"data", "rewards", "readers", "envs", "rollout", "rundir"},
+    "rollout": {"data", "rewards", "readers", "envs", "software"},
+    "train": {"data", "rewards", "readers", "envs", "rollout", "rundir", "software"},
     "eval": {"data", "rewards", "readers", "envs", "rollout", "rundir"},
     "inference": {"data", "rewards", "readers", "envs", "rollout"},
 }

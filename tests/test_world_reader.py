@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 from repo_scripts import load_script
 from world_probe import kept_reader_heldout, probe_examples
 
@@ -140,8 +142,12 @@ def test_builder_flags_become_the_recorded_recipe(builder, tmp_path):
     # A two-step build on two-document chunks: the flags reach the data, the held-out check and the record.
     out = tmp_path / "reader"
     flags = ["--steps", "2", "--warmup", "1", "--chunks", "2", "--queries", "2", "--n-eval-rows", "1"]
+    # native: this process ran torch already, so only the level torch chose can be pinned (tests/test_software.py)
+    flags += ["--cpu-capability", "native"]
     assert builder.main(["--out", str(out), *flags, "--docs-per-chunk", "2", "--p-contrast", "0.5"]) == 0
     meta = json.loads((out / builder.META_NAME).read_text())
+    assert meta["software"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert meta["software"]["libraries"]["transformers"] == transformers.__version__
     assert meta["recipe"] == {
         **builder.DEFAULTS,
         "steps": 2,

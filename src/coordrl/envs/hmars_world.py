@@ -10,6 +10,9 @@ mid-agent calls. Kinds (`SCRIPTED`), for a question whose needed documents are `
 * ``first_hop``: only the first query, routed (bridge: the film's page only; comparison: one person);
 * ``interpretation_only``: the good interpretation, no hints (in mode ``full`` every sub-agent then
   gets it, which is also what sending both queries as every sub-agent's hint does);
+* ``second_hop``: only the second query, no hints (bridge: the director's page only, so the answer
+  cannot be followed from the film; comparison: one person). It names what the bridge lookup reads
+  from the memory, the director, yet answers nothing alone;
 * ``misrouted``: the good hints sent to each other's sub-agent.
 
 ``good``, ``first_hop`` and ``misrouted`` route by the index (which sub-agent holds which document):
@@ -52,7 +55,7 @@ __all__ = [
     "use_rule_answerer",
 ]
 
-SCRIPTED = ("question", "good", "first_hop", "interpretation_only", "misrouted")
+SCRIPTED = ("question", "good", "first_hop", "interpretation_only", "second_hop", "misrouted")
 
 
 def owners(row: dict[str, Any], index: DocumentIndex) -> list[int]:
@@ -78,6 +81,8 @@ def scripted_broadcast(kind: str, row: dict[str, Any], index: DocumentIndex) -> 
         return row["question"], {}
     if kind == "interpretation_only":
         return " ".join(queries), {}
+    if kind == "second_hop":
+        return queries[1], {}
     subs = owners(row, index)
     if kind == "good":
         return " ".join(queries), {f"s{s}": q for s, q in zip(subs, queries, strict=True)}

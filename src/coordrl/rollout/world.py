@@ -32,6 +32,7 @@ from coordrl.envs.chat import ChatCodec
 from coordrl.envs.parser import ParserEnvConfig, ParserEnvFactory
 from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT, lead_prompt
 from coordrl.envs.step import StepEnv, play
+from coordrl.software import software
 
 
 def _corpus_texts(world: World) -> list[str]:
@@ -153,11 +154,12 @@ def per_type_means(results: list[tuple], names: tuple[str, ...]) -> dict[str, fl
 
 
 def publish_warm_start(tmp: Path, out: Path, meta: dict[str, Any], t0: float, log=print) -> None:
-    """Finish a warm-start build: write ``meta`` as ``coordrl_warm_start.json`` into the build folder
-    ``tmp``, then replace ``out`` with it (a reader of ``out`` never sees a half-written model), and log
+    """Finish a warm-start build: write ``meta`` and the build's `coordrl.software.software` as
+    ``coordrl_warm_start.json`` into the build folder ``tmp``, then replace ``out`` with it (a reader of ``out`` never sees a half-written model), and log
     size and wall time (since ``t0``) against the 10-minute target."""
     import shutil
 
+    meta = {**meta, "software": software()}
     (tmp / "coordrl_warm_start.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

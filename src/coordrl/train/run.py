@@ -40,6 +40,7 @@ from coordrl.rollout.models import (
     resolve_model,
 )
 from coordrl.rundir import RunLock, rewrite_jsonl
+from coordrl.software import software
 from coordrl.train.config import ConfigError, CoordConfig, TrainConfig
 from coordrl.train.plan import check_batch
 from coordrl.train.reward import EpisodeReward
@@ -247,6 +248,7 @@ def checkpoint_metadata(cfg: TrainConfig, model_path: str) -> dict[str, Any]:
         "tools": tools,
         "env": env,
         "config": cfg.to_dict(),
+        "software": software(),
     }
 
 
