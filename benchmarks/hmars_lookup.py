@@ -15,7 +15,7 @@ otherwise is still read at this one. On the ten trained policies of docs/hmars_w
 exact match was ``p(name)`` times the share of sampled broadcasts that ran, within 8 points: nothing later
 in an episode repairs a wrong name.
 
-    python benchmarks/hmars_lookup.py MODEL [MODEL ...] [--questions 100]
+    python benchmarks/hmars_lookup.py MODEL [MODEL ...] [--questions 100] [--kind interpretation_only]
 
 Offline, CPU, a forward pass per question and model: about ten seconds per model on 2 cores.
 """
@@ -29,10 +29,10 @@ import sys
 import torch
 
 
-def lookup_prefixes(tok, n: int) -> list[tuple[str, list[int], int]]:
+def lookup_prefixes(tok, n: int, kind: str = "interpretation_only") -> list[tuple[str, list[int], int]]:
     """``(type, prompt-and-call ids up to the name, the name's token id)`` for the first ``n`` held-out
     questions, laid out with ``tok`` (it must tokenize every world name as one token, as the kept
-    tokenizer does)."""
+    tokenizer does), in the wording of scripted broadcast ``kind``."""
     from coordrl.data.hmars_world import hmars_world_rows, needed_titles
     from coordrl.envs.chat import ChatCodec
     from coordrl.rollout.hmars_world import hmars_demo_ids, make_hmars_env_factory
@@ -43,7 +43,7 @@ def lookup_prefixes(tok, n: int) -> list[tuple[str, list[int], int]]:
     out = []
     try:
         for row in rows:
-            ids, mask = hmars_demo_ids(row, "interpretation_only", codec, factory)
+            ids, mask = hmars_demo_ids(row, kind, codec, factory)
             name = needed_titles(row)[1]
             name_ids = tok(f" {name}", add_special_tokens=False)["input_ids"]
             if len(name_ids) != 1:
@@ -80,11 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="+", help="policy folders or coordrl: model names")
     p.add_argument("--questions", type=int, default=100, help="held-out questions (default 100)")
+    p.add_argument(
+        "--kind",
+        default="interpretation_only",
+        help="scripted broadcast whose wording the prefix takes (default interpretation_only; restated: the "
+        "film's sentence before the second query, so the director follows 'was directed by')",
+    )
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     paths = [resolve_model(m) for m in a.models]
-    prefixes = lookup_prefixes(AutoTokenizer.from_pretrained(paths[0]), a.questions)
+    prefixes = lookup_prefixes(AutoTokenizer.from_pretrained(paths[0]), a.questions, a.kind)
     for spec, path in zip(a.models, paths, strict=True):
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32).eval()
         print(json.dumps({"model": spec, **measure(model, prefixes)}), flush=True)

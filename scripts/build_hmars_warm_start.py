@@ -31,8 +31,9 @@ are a few tokens among dozens of fixed JSON ones.
 
     python scripts/build_hmars_warm_start.py --out runs/hmars_warm_start
 
-Reproducible: fixed work (``--steps``), a fixed number of torch threads (``--threads``) and torch's
-deterministic algorithms, so the same seed gives the same weights on any machine of the same kind.
+Reproducible: fixed work (``--steps``), a fixed number of torch threads (``--threads``), torch's
+deterministic algorithms and CPU kernels pinned at one SIMD level (``--cpu-capability``, default the kept
+build's ``avx512``), so the same seed gives the same weights on any machine that has that level.
 The wall time is reported against the 10-minute target, never used to stop the work.
 """
 

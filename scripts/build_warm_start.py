@@ -35,9 +35,10 @@ readers read the world: 7 readers per question instead of 4), so a policy is tau
 findings it meets at GRPO time. Both are recorded in ``coordrl_warm_start.json`` when set.
 
 Reproducible: the work is fixed (``--steps`` SFT steps, default 400) and runs on a fixed number of
-torch threads (``--threads``, default 2) with torch's deterministic algorithms, so the same seed gives
-the same weights on any machine of the same kind however fast it is (tests/test_world.py builds a
-short warm start twice and compares the bytes). The wall time is reported against the 10-minute
+torch threads (``--threads``, default 2) with torch's deterministic algorithms and CPU kernels pinned
+at one SIMD level (``--cpu-capability``, default the kept build's ``avx512``), so the same seed gives the
+same weights on any machine that has that level, however fast it is (tests/test_world.py builds a short
+warm start twice and compares the bytes). The wall time is reported against the 10-minute
 target, never used to stop the work; ``--minutes`` adds an explicit cap for those who want one.
 """
 

@@ -34,7 +34,9 @@ Training: plain PyTorch, AdamW, linear warm-up then cosine decay, a fixed number
 the answer tokens only (``<|im_end|>`` included). Keys/values are shared in three stages: the
 instructions (same in every prompt) once per step, each passage once per chunk, then each question
 and answer. ``--threads`` (default 2) sets ``torch.set_num_threads``; it changes speed only. Seeded:
-the same arguments give the same data order and weights on the same machine.
+the same arguments give the same data order and weights, on any x86-64 host with AVX2, as torch's CPU
+kernels are pinned at that level (``--cpu-capability``, default the kept build's ``avx2``: the kept
+weights were rebuilt byte for byte so on an AVX-512 host; docs/world_reader.md).
 
 Held-out figures (greedy, transformers) on `eval_examples` of the first ``n_eval_rows`` held-out
 questions go into ``coordrl_world_reader.json`` with the recipe; ``benchmarks/world_reader.py``

@@ -184,7 +184,7 @@ def test_good_broadcast_selects_the_supporting_pages_and_the_question_alone_miss
         # The world scores each sentence of a query part alone (lexical_query_sentences): an interpretation
         # that asks both questions selects both pages wherever the hints go. Whole, the two questions
         # dilute each other and only a hint on the right sub-agent selects the page.
-        for kind in ("misrouted", "interpretation_only"):
+        for kind in ("misrouted", "interpretation_only", "restated"):
             sentences = _run(factory, row, *scripted_broadcast(kind, row, index))
             assert sentences.info["recall"] == 1.0 and sentences.info["em"] == 1.0, kind
         misrouted = _run(factory_whole_queries, row, *scripted_broadcast("misrouted", row, index))

@@ -13,6 +13,9 @@ mid-agent calls. Kinds (`SCRIPTED`), for a question whose needed documents are `
 * ``second_hop``: only the second query, no hints (bridge: the director's page only, so the answer
   cannot be followed from the film; comparison: one person). It names what the bridge lookup reads
   from the memory, the director, yet answers nothing alone;
+* ``restated``: ``interpretation_only`` with, on bridge questions, the film's sentence as the memory
+  words it between the two queries (``The film F was directed by P.``): the director is then written
+  right after the words that precede him in the film's card summary;
 * ``misrouted``: the good hints sent to each other's sub-agent.
 
 ``good``, ``first_hop`` and ``misrouted`` route by the index (which sub-agent holds which document):
@@ -55,7 +58,7 @@ __all__ = [
     "use_rule_answerer",
 ]
 
-SCRIPTED = ("question", "good", "first_hop", "interpretation_only", "second_hop", "misrouted")
+SCRIPTED = ("question", "good", "first_hop", "interpretation_only", "second_hop", "restated", "misrouted")
 
 
 def owners(row: dict[str, Any], index: DocumentIndex) -> list[int]:
@@ -83,6 +86,11 @@ def scripted_broadcast(kind: str, row: dict[str, Any], index: DocumentIndex) -> 
         return " ".join(queries), {}
     if kind == "second_hop":
         return queries[1], {}
+    if kind == "restated":
+        if row["type"] != "bridge":
+            return " ".join(queries), {}
+        film, director = needed_titles(row)
+        return f"{queries[0]} The film {film} was directed by {director}. {queries[1]}", {}
     subs = owners(row, index)
     if kind == "good":
         return " ".join(queries), {f"s{s}": q for s, q in zip(subs, queries, strict=True)}
