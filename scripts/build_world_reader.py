@@ -316,7 +316,7 @@ def build(out: Path = DEFAULT_OUT, threads: int = 2, **overrides) -> dict:
         "build_seconds": round(time.time() - t0, 1),
         "heldout": figures,
         "history": history,
-        # Library versions and host: one recipe gave other weights after the libraries were reinstalled.
+        # Library versions, host and kernel level: a build repeats byte for byte only at one kernel level.
         "software": software(),
     }
     (tmp / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")

@@ -10,9 +10,9 @@ mid-agent calls. Kinds (`SCRIPTED`), for a question whose needed documents are `
 * ``first_hop``: only the first query, routed (bridge: the film's page only; comparison: one person);
 * ``interpretation_only``: the good interpretation, no hints (in mode ``full`` every sub-agent then
   gets it, which is also what sending both queries as every sub-agent's hint does);
-* ``second_hop``: only the second query, no hints (bridge: the director's page only, so the answer
-  cannot be followed from the film; comparison: one person). It names what the bridge lookup reads
-  from the memory, the director, yet answers nothing alone;
+* ``second_hop``: only the second query, no hints (bridge: the director's page, the film's only by
+  chance, without which the answer cannot be followed; comparison: one person). It names what the
+  bridge lookup reads from the memory, the director, yet rarely answers alone;
 * ``restated``: ``interpretation_only`` with, on bridge questions, the film's sentence as the memory
   words it between the two queries (``The film F was directed by P.``): the director is then written
   right after the words that precede him in the film's card summary;

@@ -155,8 +155,9 @@ def per_type_means(results: list[tuple], names: tuple[str, ...]) -> dict[str, fl
 
 def publish_warm_start(tmp: Path, out: Path, meta: dict[str, Any], t0: float, log=print) -> None:
     """Finish a warm-start build: write ``meta`` and the build's `coordrl.software.software` as
-    ``coordrl_warm_start.json`` into the build folder ``tmp``, then replace ``out`` with it (a reader of ``out`` never sees a half-written model), and log
-    size and wall time (since ``t0``) against the 10-minute target."""
+    ``coordrl_warm_start.json`` into the build folder ``tmp``, then replace ``out`` with it (a reader of
+    ``out`` never sees a half-written model), and log size and wall time (since ``t0``) against the
+    10-minute target."""
     import shutil
 
     meta = {**meta, "software": software()}
