@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from coordrl.software import CAPABILITY_HELP, pin_cpu_capability
+from coordrl.software import add_capability_flag, pin_cpu_capability
 
 ROOT = Path(__file__).resolve().parents[1]
 # The SIMD level torch ran the kept HMARS world warm start at (its recorded losses repeat at this level only; the
@@ -321,9 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=2, help="torch threads (fixed, so the weights do not depend on the core count)"
     )
-    p.add_argument(
-        "--cpu-capability", default=KEPT_CPU_CAPABILITY, help=CAPABILITY_HELP.format(default=KEPT_CPU_CAPABILITY)
-    )
+    add_capability_flag(p, KEPT_CPU_CAPABILITY)
     a = p.parse_args(argv)
     pin_cpu_capability(a.cpu_capability)
     # Every other flag is a keyword of build() of the same name.

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from coordrl.software import CAPABILITY_HELP, pin_cpu_capability
+from coordrl.software import add_capability_flag, pin_cpu_capability
 
 # The SIMD level torch ran the kept world warm start at (its recorded losses repeat at this level only; the
 # pin makes a rebuild byte-identical on any host that has it; docs/world_reader.md).
@@ -489,9 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="world documents per reader chunk in the demonstrations (default 2; 1: as model-served readers read)",
     )
-    p.add_argument(
-        "--cpu-capability", default=KEPT_CPU_CAPABILITY, help=CAPABILITY_HELP.format(default=KEPT_CPU_CAPABILITY)
-    )
+    add_capability_flag(p, KEPT_CPU_CAPABILITY)
     a = p.parse_args(argv)
     if a.docs_per_chunk < 1:
         p.error(f"--docs-per-chunk: must be >= 1, got {a.docs_per_chunk}")

@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 
 from coordrl.data.world_reader import META_NAME
-from coordrl.software import CAPABILITY_HELP, pin_cpu_capability
+from coordrl.software import add_capability_flag, pin_cpu_capability
 
 ROOT = Path(__file__).resolve().parents[1]
 # The SIMD level torch ran the kept world reader at (its recorded losses repeat at this level only; the
@@ -359,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"model folder to fine-tune, relative to the repository (default {DEFAULTS['init']})",
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument(
-        "--cpu-capability", default=KEPT_CPU_CAPABILITY, help=CAPABILITY_HELP.format(default=KEPT_CPU_CAPABILITY)
-    )
+    add_capability_flag(p, KEPT_CPU_CAPABILITY)
     p.add_argument(
         "--n-eval-rows", type=int, default=DEFAULTS["n_eval_rows"], help="held-out questions measured at the end"
     )

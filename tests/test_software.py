@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -29,7 +30,9 @@ def test_cpu_model_reads_the_model_name_line(tmp_path: Path):
 
 
 def test_a_pin_after_torch_ran_a_kernel_is_refused_unless_it_matches(monkeypatch):
-    monkeypatch.delenv(CAPABILITY_ENV, raising=False)  # restored after the test, so later subprocesses are unpinned
+    # A copy of the environment for this test: a refused pin has set the variable, and later tests' subprocesses
+    # must not inherit it.
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != CAPABILITY_ENV})
     torch.ones(4).softmax(0)  # torch has fixed its level in this process
     level = torch.backends.cpu.get_cpu_capability()
     assert pin_cpu_capability("native") == level

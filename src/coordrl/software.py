@@ -20,11 +20,6 @@ from coordrl import __version__
 
 # torch reads this once, at its first CPU kernel dispatch, and never again in that process.
 CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
-# A builder's --cpu-capability help; its default is the level its kept resource was built at.
-CAPABILITY_HELP = (
-    "SIMD level of torch's CPU kernels, pinned for the whole build (default {default}: the kept build's, "
-    "so the defaults rebuild it byte for byte; other levels give other weights; native: the CPU's widest)"
-)
 
 # The libraries whose numerics or sampling shape a build's weights or a run's figures.
 LIBRARIES = ("torch", "transformers", "trl", "accelerate", "datasets", "tokenizers", "safetensors", "numpy")
@@ -70,6 +65,17 @@ def software() -> dict[str, Any]:
         "cpu": cpu_model(),
         "torch_cpu_capability": capability,
     }
+
+
+def add_capability_flag(parser, kept: str) -> None:
+    """Give a resource builder's argument parser ``--cpu-capability``, defaulting to ``kept``: the level
+    its kept resource was built at, so the defaults rebuild it byte for byte."""
+    parser.add_argument(
+        "--cpu-capability",
+        default=kept,
+        help=f"SIMD level of torch's CPU kernels, pinned for the whole build (default {kept}: the kept build's, "
+        "so the defaults rebuild it byte for byte; other levels give other weights; native: the CPU's widest)",
+    )
 
 
 def pin_cpu_capability(level: str) -> str:
