@@ -1,7 +1,8 @@
 """Does coordrl's GRPO loop make a policy learn? The CPU learning check.
 
 1. Rebuild the world warm start (``scripts/build_warm_start.py``; ``--reuse-warm-start`` takes the kept
-   one in ``src/coordrl/resources/warm_start``).
+   one in ``src/coordrl/resources/warm_start``, or with ``--readers vllm`` the one taught on one-document
+   chunks, ``src/coordrl/resources/warm_start_1doc``).
 2. For each seed: GRPO through `coordrl.train.run.train` with ``configs/world_cpu.yaml`` (the same code
    path as ``coordrl train``), exactly ``--steps`` optimizer steps (default: the config's ``max_steps``,
    150 for PARSER, 90 for HMARS; 130 through served readers). The work is fixed
@@ -10,6 +11,8 @@
    wall-clock cap for those who want one).
 3. Held-out exact match (sampled at temperature 1 and greedy) per question type before and after,
    ``gain: <points>`` (sampled, mean over seeds, with the spread), the reward curve as a PNG, wall times.
+   ``--eval-samples K`` samples each held-out question K times and reports the mean (default 1; 4
+   through served readers), each round's figures kept in the record.
 4. ``--ablations``: the same GRPO budget (first seed only) with observation tokens left in the loss
    (``mask_observations=false``), with tool concurrency off (``tool_concurrency=false``), and from a
    warm start stopped after ``--early-steps`` SFT steps, before copying names is learned.
@@ -30,7 +33,8 @@
    ``<out>/reader-server/reader-cpu.log``. Training and the held-out evaluation both read through it
    (``readers=<url> reader_model=<folder>`` overrides), with one world document per reader chunk, a KL
    weight of 0.1 and the shared prompt pass unless ``--set`` says otherwise (``SERVED_READER_RECIPE``); a
-   rebuilt warm start (no ``--reuse-warm-start``) is taught on the same chunking (`warm_start_settings`).
+   rebuilt warm start (no ``--reuse-warm-start``) is taught on the same chunking, its demonstrations
+   played with lexical readers (`warm_start_settings`).
    Each seed also prints
    what the served readers cost during GRPO: reader calls per optimizer step, reader latency p50/p95
    (ms, request issued to reply, the client's queueing included), vLLM's prefix-cache hit rate (token
@@ -65,7 +69,7 @@ sampled >= 90% and greedy >= 95%, the same reward floor, GRPO <= 10 minutes per 
 printed next to the results, never adjusted.
 
     python benchmarks/learning_check.py [--reuse-warm-start] [--seeds 0 1 2] [--steps 150]
-    python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0 1 2] [--steps 100]
+    python benchmarks/learning_check.py --readers vllm --reuse-warm-start [--seeds 0 1 2] [--steps 130]
     python benchmarks/learning_check.py --protocol hmars [--readers vllm] [--warm-start DIR] [--seeds 0 1 2]
 """
 
@@ -91,6 +95,9 @@ if TYPE_CHECKING:  # coordrl is imported where it is used, so --help stays fast
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "src" / "coordrl" / "resources" / "warm_start"
+# The kept warm start taught on one world document per reader chunk, the chunking served readers read
+# (``--readers vllm --reuse-warm-start`` starts from it; ``scripts/build_warm_start.py --docs-per-chunk 1``).
+KEPT_ONE_DOC = ROOT / "src" / "coordrl" / "resources" / "warm_start_1doc"
 CONFIG = ROOT / "configs" / "world_cpu.yaml"
 READER_MODEL = ROOT / "src" / "coordrl" / "resources" / "world_reader"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -152,13 +159,23 @@ SERVED_READER_RECIPE = {
 # stayed 3 points short of the bar; 130 met it on all three within 10 minutes on AVX2-only cores (534-608 s
 # before the generation calls' shared prefix and coalesced reader requests, docs/learning_check.md).
 SERVED_READER_STEPS = 130
+# Sampled held-out episodes per question through served readers unless ``--eval-samples`` says otherwise.
+# One sample of 100 questions per type near 90% has a standard error of about 3 points, the width of the
+# spread between seeds that met and missed the bar; four samples halve it (docs/learning_check.md).
+SERVED_EVAL_SAMPLES = 4
+# Environment fields that say how readers are served, not what the policy sees: a rebuilt warm start plays
+# its demonstrations with lexical readers, which on one-document chunks reply as the served reader does.
+SERVING_FIELDS = ("readers", "reader_model", "reader_concurrency", "reader_timeout_s", "reader_retries")
 
 
 def setup_for(protocol: str, readers: str = "lexical") -> Setup:
-    """The check's setup for ``protocol``, with the served PARSER readers' targets under ``readers="vllm"``
-    (HMARS keeps its own: a served answer role does not change what the mid-agent must reach)."""
+    """The check's setup for ``protocol``, with the served PARSER readers' targets and kept one-document warm
+    start under ``readers="vllm"`` (HMARS keeps its own: a served answer role does not change what the
+    mid-agent must reach)."""
     setup = SETUPS[protocol]
-    return replace(setup, **SERVED_READER_TARGETS) if readers == "vllm" and protocol == "parser" else setup
+    if readers == "vllm" and protocol == "parser":
+        return replace(setup, kept=KEPT_ONE_DOC, **SERVED_READER_TARGETS)
+    return setup
 
 
 # The HMARS mid-agent's paper ablations, evaluated with the trained policy on the same questions:
@@ -177,9 +194,11 @@ def warm_start_builder(setup: Setup = SETUPS["parser"]):
 def warm_start_settings(setup: Setup, env: dict | None, overrides: dict[str, str]) -> dict:
     """What a rebuilt warm start is taught in besides the builder's defaults: the environment settings
     and (PARSER) the reader chunking among the overrides, so the policy meets at GRPO time the prompt and
-    findings it was taught with."""
+    findings it was taught with. How the readers are served (`SERVING_FIELDS`) is left out: the
+    demonstrations are played with lexical readers."""
     from coordrl.data.world import DOCS_PER_CHUNK
 
+    env = {k: v for k, v in (env or {}).items() if k not in SERVING_FIELDS}
     settings = {"env": env} if env and setup.protocol == "parser" else {}
     if setup.protocol == "parser" and (n := world_docs_per_chunk(overrides)) != DOCS_PER_CHUNK:
         settings["docs_per_chunk"] = n
@@ -212,11 +231,14 @@ def evaluate(
     env: dict | None = None,
     setup: Setup = SETUPS["parser"],
     ablations: bool = False,
+    samples: int = 1,
 ) -> dict:
     """Held-out exact match, sampled and greedy (HMARS: with supporting-page recall; ``ablations``
     adds each `HMARS_ABLATIONS` mode, greedy, for a trained policy, from the same loaded model).
     ``env``: environment settings over the protocol's evaluation defaults (HMARS: the served answer
-    role's, `ServedReaders.answer_role`)."""
+    role's, `ServedReaders.answer_role`). ``samples``: sampled episodes per question; above 1 the
+    ``sampled`` figures are the mean over ``samples`` rounds (`mean_rounds`), each round's own under
+    ``sampled_rounds``, the first drawn from ``seed`` exactly as a one-sample evaluation."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -225,23 +247,32 @@ def evaluate(
 
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32)
-    if setup.protocol == "hmars":
-        out = {
-            "sampled": evaluate_hmars_world(model, tok, rows, sample=True, seed=seed, env_overrides=env),
-            "greedy": evaluate_hmars_world(model, tok, rows, sample=False, seed=seed, env_overrides=env),
+    run = evaluate_hmars_world if setup.protocol == "hmars" else evaluate_world
+    rounds = [run(model, tok, rows, sample=True, seed=round_seed(seed, i), env_overrides=env) for i in range(samples)]
+    out = {"sampled": mean_rounds(rounds), "greedy": run(model, tok, rows, sample=False, seed=seed, env_overrides=env)}
+    if samples > 1:
+        out["sampled_rounds"] = rounds
+    if setup.protocol == "hmars" and ablations:
+        out["ablations"] = {
+            mode: evaluate_hmars_world(
+                model, tok, rows, sample=False, seed=seed, env_overrides={**(env or {}), "mode": mode}
+            )
+            for mode in HMARS_ABLATIONS
         }
-        if ablations:
-            out["ablations"] = {
-                mode: evaluate_hmars_world(
-                    model, tok, rows, sample=False, seed=seed, env_overrides={**(env or {}), "mode": mode}
-                )
-                for mode in HMARS_ABLATIONS
-            }
-        return out
-    return {
-        "sampled": evaluate_world(model, tok, rows, sample=True, seed=seed, env_overrides=env),
-        "greedy": evaluate_world(model, tok, rows, sample=False, seed=seed, env_overrides=env),
-    }
+    return out
+
+
+def round_seed(seed: int, i: int) -> int:
+    """The sampling seed of evaluation round ``i`` of a seed: round 0 draws from ``seed`` itself (so one
+    round is the one-sample evaluation), later rounds from seeds no other seed's round 0 uses."""
+    return seed + 1000 * i
+
+
+def mean_rounds(rounds: list[dict]) -> dict:
+    """Figure by figure, the mean of evaluation ``rounds`` (one round: that round unchanged)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    return {k: statistics.mean(r[k] for r in rounds) for k in rounds[0]}
 
 
 def grpo(
@@ -557,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         default=200,
         help="held-out questions evaluated (half per type; default 200, all of the held-out split)",
     )
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=None,
+        help=f"sampled episodes per held-out question, averaged (default 1; {SERVED_EVAL_SAMPLES} with --readers vllm)",
+    )
     p.add_argument("--out", default="runs/learning_check")
     p.add_argument(
         "--resume",
@@ -614,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     a.steps = default_steps(a.steps, a.readers, a.protocol)
+    a.eval_samples = default_eval_samples(a.eval_samples, a.readers, a.protocol)
+    if a.eval_samples < 1:
+        p.error(f"--eval-samples: must be at least 1, got {a.eval_samples}")
     if a.protocol == "hmars" and (a.ablations or a.ablations_only):
         p.error("--protocol hmars: --ablations are PARSER's (HMARS runs its mode ablations itself)")
     if a.threads:
@@ -663,6 +703,13 @@ def default_steps(steps: int | None, readers: str, protocol: str = "parser") -> 
     return SERVED_READER_STEPS if steps is None and readers == "vllm" and protocol == "parser" else steps
 
 
+def default_eval_samples(samples: int | None, readers: str, protocol: str = "parser") -> int:
+    """``--eval-samples`` as given; unset, `SERVED_EVAL_SAMPLES` through served PARSER readers, else 1."""
+    if samples is not None:
+        return samples
+    return SERVED_EVAL_SAMPLES if readers == "vllm" and protocol == "parser" else 1
+
+
 def served_answer_overrides(overrides: dict[str, str], answer_role: dict) -> dict[str, str]:
     """``--set`` overrides for an HMARS run whose answer role is the served reader: the config's ``hmars``
     settings (or the user's ``hmars=...``) with ``answer_role`` over them, as one ``hmars`` value."""
@@ -700,6 +747,9 @@ def run_identity(
         "warm_start_sha256": warm_sha256,
         "overrides": {k: _identity_value(k, v) for k, v in sorted(overrides.items()) if k != "readers"},
     }
+    samples = getattr(a, "eval_samples", 1)
+    if samples != 1:  # absent at 1, so records made before the flag existed still resume
+        identity["eval_samples"] = samples
     if reader_sha256 is not None:
         identity["reader_sha256"] = reader_sha256
     return identity
@@ -762,6 +812,12 @@ def report_seed(seed: int, r: dict, env: dict | None) -> None:
     )
     print(f"  before  sampled {fmt(r['before']['sampled'])} | greedy {fmt(r['before']['greedy'])}")
     print(f"  after   sampled {fmt(r['after']['sampled'])} | greedy {fmt(r['after']['greedy'])}", flush=True)
+    rounds = r["after"].get("sampled_rounds", [])
+    if rounds:
+        print(
+            f"  sampled: mean of {len(rounds)} episodes per question; after, round by round: "
+            + ", ".join(f"{100 * x['bridge']:.0f} / {100 * x['comparison']:.0f}%" for x in rounds)
+        )
     if r["lowest_reward_mean"] is not None:
         print(f"  lowest {FLOOR_WINDOW}-step reward mean after step {FLOOR_AFTER}: {r['lowest_reward_mean']:.2f}")
     for mode, ev in r["after"].get("ablations", {}).items():
@@ -852,13 +908,13 @@ def check(
         t = time.time()
         meter = CallMeter() if served else None
         marks = [mark()]
-        before = evaluate(warm, rows, seed, env, setup)
+        before = evaluate(warm, rows, seed, env, setup, samples=a.eval_samples)
         marks.append(mark())
         final, hist, train_s, steps, step_s = grpo(
             seed, a.minutes, out / f"seed{seed}", warm, overrides, steps=a.steps, meter=meter, setup=setup
         )
         marks.append(mark())
-        after = evaluate(final, rows, seed, env, setup, ablations=setup.protocol == "hmars")
+        after = evaluate(final, rows, seed, env, setup, ablations=setup.protocol == "hmars", samples=a.eval_samples)
         marks.append(mark())
         # Reader calls per training episode, averaged over the generation batches (what routing saves), and
         # what broadcast would have cost for the same queries: every query to every chunk's reader.

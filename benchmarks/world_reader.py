@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         default=None,
-        help="serve once per KV-cache block size and compare (default: one server, the CPU default block size)",
+        help="serve once per KV-cache block size and compare (default: one server at coordrl serve-readers' CPU block size)",
     )
     a = p.parse_args(argv)
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         for block_size in a.vllm_block_sizes or [None]:
             served, seconds, hit_rate = vllm_replies(model_dir, sub, a.vllm_python, block_size)
             seconds_by_block[block_size] = seconds
-            blocks = "the CPU default block size" if block_size is None else f"--block-size {block_size}"
+            blocks = "coordrl serve-readers' CPU block size" if block_size is None else f"--block-size {block_size}"
             print(
                 f"vllm ({blocks}): {len(sub)} prompts in {seconds:.1f}s through OpenAIReaderFleet; prefix-cache hit rate {hit_rate:.3f}"
             )

@@ -297,9 +297,9 @@ def test_hmars_recipe_plans_on_8x80gb():
 
 def test_kept_warm_starts_are_sized_from_their_shipped_folders():
     # `coordrl train --dry-run` on the world configs: the kept warm starts are no hub ids to look up.
-    from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, resolve_model
+    from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, WORLD_ONE_DOC_MODEL, resolve_model
 
-    for name in (WORLD_MODEL, HMARS_WORLD_MODEL):
+    for name in (WORLD_MODEL, WORLD_ONE_DOC_MODEL, HMARS_WORLD_MODEL):
         shape = model_shape(name)
         assert shape.source == str(Path(resolve_model(name)) / "config.json")
         assert 1e6 < shape.params < 5e6 and shape.head_dim == 64

@@ -274,6 +274,16 @@ def test_warm_start_for_served_readers_is_taught_on_their_chunking(tmp_path):
     check = load_script("benchmarks/learning_check.py")
     served = check.served_overrides({}, {"readers": "http://127.0.0.1:1", "reader_model": "m"})
     assert check.warm_start_settings(check.setup_for("parser", "vllm"), None, served) == {"docs_per_chunk": 1}
+    # The check passes the served environment on; how readers are served stays out of the build, whose
+    # demonstrations are played with lexical readers (over HTTP they would be slower and server-dependent).
+    env = check.env_overrides(served)
+    assert env["readers"] == "http://127.0.0.1:1"
+    assert check.warm_start_settings(check.setup_for("parser", "vllm"), env, served) == {"docs_per_chunk": 1}
+    routed = {**env, "activation": "routed"}
+    assert check.warm_start_settings(check.setup_for("parser", "vllm"), routed, served) == {
+        "env": {"activation": "routed"},
+        "docs_per_chunk": 1,
+    }
     assert check.warm_start_settings(check.setup_for("parser"), {"activation": "routed"}, {}) == {
         "env": {"activation": "routed"}
     }
@@ -282,6 +292,51 @@ def test_warm_start_for_served_readers_is_taught_on_their_chunking(tmp_path):
     assert _warm_start_builder().build(tmp_path / "one", docs_per_chunk=1, **small)["docs_per_chunk"] == 1
     with pytest.raises(SystemExit):
         _warm_start_builder().main(["--docs-per-chunk", "0", "--out", str(tmp_path / "never")])
+
+
+def test_kept_one_document_warm_start_is_the_builders_defaults_on_one_document_chunks(tok):
+    # `--readers vllm --reuse-warm-start` starts from it, and `coordrl:world-warm-start-1doc` names it.
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from coordrl.rollout.models import WORLD_MODEL, WORLD_ONE_DOC_MODEL, resolve_model
+
+    check = load_script("benchmarks/learning_check.py")
+    kept = Path(resolve_model(WORLD_ONE_DOC_MODEL))
+    assert check.setup_for("parser", "vllm").kept == kept == check.KEPT_ONE_DOC
+    assert check.setup_for("parser").kept == Path(resolve_model(WORLD_MODEL)) != kept
+    meta = json.loads((kept / "coordrl_warm_start.json").read_text())
+    plain = json.loads((Path(resolve_model(WORLD_MODEL)) / "coordrl_warm_start.json").read_text())
+    assert meta["docs_per_chunk"] == 1 and "docs_per_chunk" not in plain and "env" not in meta
+    # Every other setting is the default build's (the kept plain warm start's, checked against the builder above).
+    for key in ("seed", "steps", "p_good", "lr", "batch", "drills", "name_weight", "episode_frac", "n_train"):
+        assert meta[key] == plain[key], key
+    row = world_splits(0, 1, seed=0, docs_per_chunk=1)["heldout"][0]
+    text = row["context"] + row["question"]
+    assert AutoTokenizer.from_pretrained(str(kept))(text)["input_ids"] == tok(text)["input_ids"]
+
+
+def test_learning_check_sampled_figures_average_rounds_and_name_them_in_the_run():
+    import argparse
+
+    check = load_script("benchmarks/learning_check.py")
+    # Through served readers 4 sampled episodes per question unless --eval-samples says otherwise.
+    assert check.default_eval_samples(None, "vllm") == 4 and check.default_eval_samples(2, "vllm") == 2
+    assert check.default_eval_samples(None, "lexical") == 1 and check.default_eval_samples(None, "vllm", "hmars") == 1
+    # Round 0 is the one-sample evaluation's own draw; no two seeds' rounds share a sampling seed.
+    assert check.round_seed(2, 0) == 2
+    assert len({check.round_seed(s, i) for s in range(3) for i in range(4)}) == 12
+    a, b = {"bridge": 0.9, "all": 0.8}, {"bridge": 0.8, "all": 0.7}
+    assert check.mean_rounds([a]) is a
+    assert check.mean_rounds([a, b]) == pytest.approx({"bridge": 0.85, "all": 0.75})
+    args = argparse.Namespace(protocol="parser", readers="vllm", steps=130, minutes=None, eval_n=200, eval_samples=1)
+    # One sample leaves the identity as records made before the flag hold it; more are part of the run.
+    assert "eval_samples" not in check.run_identity(args, {}, "w" * 64)
+    args.eval_samples = 4
+    assert check.run_identity(args, {}, "w" * 64)["eval_samples"] == 4
+    with pytest.raises(SystemExit):
+        check.main(["--eval-samples", "0", "--out", "/nonexistent/never"])
 
 
 @pytest.mark.parametrize("docs_per_chunk", [2, 1])

@@ -69,6 +69,7 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     from coordrl.data.world import build_world_dataset
     from coordrl.rollout.models import WORLD_MODEL, resolve_model
     from coordrl.rollout.world import evaluate_world
+    from coordrl.software import software
     from coordrl.train.config import load_config
     from coordrl.train.run import train
 
@@ -128,6 +129,9 @@ def world_part(out: Path, summary: dict[str, Any], *, steps: int, n_eval: int) -
     summary["world"]["by_length"] = length_sweep(
         out, {"after GRPO": str(run_dir / "final"), "warm start": warm}, WORLD_LENGTH_QUESTIONS
     )
+    # GRPO's sampled rollouts follow float sums that differ with the CPU's SIMD level, so the same command
+    # gives other figures on another kind of host: the record says which one made it.
+    summary["world"]["host"] = software()
     (out / "demo_world.json").write_text(json.dumps(summary["world"], indent=2) + "\n")
 
     _rule(6, "export the world policy and answer a held-out question through the inference API")
@@ -349,6 +353,9 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
         for name, found in by_length.items():
             print(f"  {name}: greedy EM " + ", ".join(f"{100 * v:.0f}% at {n} docs" for n, v in found.items()))
         print(f"  plot: {out / 'world' / 'accuracy_vs_length.png'}")
+    host = (w or {}).get("host")
+    if host:
+        print(f"  host: {host['cpu']}, torch CPU kernels at {host['torch_cpu_capability']} (figures differ by host kind)")
     if "world_answer" in summary:
         q, ans, gold = summary["world_answer"]
         print(f"world policy, exported: {q!r} -> {ans!r} (gold {gold!r})")

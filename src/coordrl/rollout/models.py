@@ -22,7 +22,11 @@ TINY_MODEL = "coordrl:tiny-qwen3"
 
 
 WORLD_MODEL = "coordrl:world-warm-start"  # the kept SFT warm start of the synthetic world
+# The same, taught on one world document per reader chunk: the chunking model-served readers read.
+WORLD_ONE_DOC_MODEL = "coordrl:world-warm-start-1doc"
 HMARS_WORLD_MODEL = "coordrl:hmars-world-warm-start"  # the kept SFT warm start of the HMARS world's mid-agent
+# Name -> folder in coordrl/resources.
+KEPT_MODELS = {WORLD_MODEL: "warm_start", WORLD_ONE_DOC_MODEL: "warm_start_1doc", HMARS_WORLD_MODEL: "hmars_warm_start"}
 
 
 def cache_dir() -> Path:
@@ -40,9 +44,8 @@ def resolve_model(spec: str) -> str:
 
             build_tiny_qwen3(path, seed=0)
         return str(path)
-    if spec in (WORLD_MODEL, HMARS_WORLD_MODEL):
-        folder = "warm_start" if spec == WORLD_MODEL else "hmars_warm_start"
-        return str(Path(__file__).resolve().parents[1] / "resources" / folder)
+    if spec in KEPT_MODELS:
+        return str(Path(__file__).resolve().parents[1] / "resources" / KEPT_MODELS[spec])
     folder = Path(spec).expanduser()
     if folder.is_dir():
         return spec
