@@ -355,7 +355,9 @@ def _print_summary(out: Path, summary: dict[str, Any]) -> None:
         print(f"  plot: {out / 'world' / 'accuracy_vs_length.png'}")
     host = (w or {}).get("host")
     if host:
-        print(f"  host: {host['cpu']}, torch CPU kernels at {host['torch_cpu_capability']} (figures differ by host kind)")
+        print(
+            f"  host: {host['cpu']}, torch CPU kernels at {host['torch_cpu_capability']} (figures differ by host kind)"
+        )
     if "world_answer" in summary:
         q, ans, gold = summary["world_answer"]
         print(f"world policy, exported: {q!r} -> {ans!r} (gold {gold!r})")
