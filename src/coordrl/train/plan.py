@@ -43,7 +43,7 @@ from coordrl.envs.prompts import LEAD_SYSTEM_PROMPT
 from coordrl.envs.protocols import get_protocol
 from coordrl.readers.openai_fleet import OpenAIReaderFleet
 from coordrl.readers.retry import RetryPolicy
-from coordrl.rollout.models import HMARS_WORLD_MODEL, WORLD_MODEL, cache_dir, resolve_model
+from coordrl.rollout.models import KEPT_MODELS, cache_dir, resolve_model
 from coordrl.train.config import ConfigError, TrainConfig
 
 __all__ = [
@@ -217,7 +217,7 @@ def model_shape(model: str, model_params: float | None = None) -> ModelShape:
                    "head_dim": 64, "intermediate_size": 512, "vocab_size": 8192, "tie_word_embeddings": True,
                    "max_position_embeddings": 32768}  # fmt: skip
             return _shape_from_config(cfg, Path("/nonexistent"), f"{TINY_MODEL} (build_tiny_qwen3 defaults)")
-    if model in (WORLD_MODEL, HMARS_WORLD_MODEL):  # the kept warm starts ship with the package
+    if model in KEPT_MODELS:  # the kept warm starts ship with the package
         model = resolve_model(model)
     folder = Path(model).expanduser()
     if (folder / "config.json").is_file():
